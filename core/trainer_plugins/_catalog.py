@@ -1,0 +1,182 @@
+"""The catalogue: every name the plugins declared, with name conflicts resolved by a fixed rule.
+
+Conflict rule (documented in ``docs/controls.md``): a name claimed more than once goes to the one
+claimant that declared ``override=True``. Without an override, a Lightning built-in name stays
+Lightning's and two plugins claiming the same name both lose it: selecting it raises
+:class:`PluginConflictError` naming both distributions. Every conflict is reported by
+``trainer-plugins list``; nothing is shadowed silently.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from trainer_plugins._entries import ENTRY_TYPES, _Entry
+from trainer_plugins._hookspecs import DECLARATION_HOOKS
+from trainer_plugins._manager import BUILTIN_PLUGIN, PluginError, PluginManager, PluginRecord, PluginWarning, get_plugin_manager
+
+
+class PluginConflictError(PluginError):
+    """A name is claimed by several plugins and none of them declared ``override=True``."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A plugin's claim on one name of one role.
+
+    Attributes:
+        name: the name claimed (the entry's name or one of its aliases).
+        entry: the declaration it comes from.
+        plugin: the record of the declaring plugin.
+    """
+
+    name: str
+    entry: _Entry
+    plugin: PluginRecord
+
+    @property
+    def deprecated(self) -> bool:
+        """Whether ``name`` is one of the entry's deprecated aliases."""
+        return self.name in self.entry.deprecated_aliases
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the claim is Lightning's own."""
+        return self.plugin.name == BUILTIN_PLUGIN
+
+
+@dataclass
+class Conflict:
+    """Several claims on one name; ``winner`` is ``None`` when nobody may use the name."""
+
+    role: str
+    name: str
+    claims: list[Claim]
+    winner: Optional[Claim] = None
+
+    def describe(self) -> str:
+        """One line naming every claimant's distribution and the outcome."""
+        who = ", ".join(claim.plugin.label for claim in self.claims)
+        if self.winner is None:
+            return f"{self.role} {self.name!r} is claimed by {who}; none declared override=True, so the name is unusable"
+        return f"{self.role} {self.name!r} is claimed by {who}; {self.winner.plugin.label} wins"
+
+
+@dataclass
+class Catalog:
+    """Name -> claim for each role, built from the declaration hooks of a plugin manager."""
+
+    manager: PluginManager
+    claims: dict[str, dict[str, Claim]] = field(default_factory=dict)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, manager: PluginManager) -> Catalog:
+        """Ask every plugin for its declarations and resolve conflicts (see the module docstring)."""
+        catalog = cls(manager)
+        for role, hook in DECLARATION_HOOKS.items():
+            wanted: dict[str, list[Claim]] = {}
+            for record, entries in manager.call_each(hook):
+                for entry in _checked_entries(manager, record, role, entries):
+                    for name in entry.names:
+                        wanted.setdefault(name, []).append(Claim(name, entry, record))
+            catalog.claims[role] = {}
+            for name, claims in wanted.items():
+                winner = catalog._resolve(role, name, claims)
+                if winner is not None:
+                    catalog.claims[role][name] = winner
+        return catalog
+
+    def _resolve(self, role: str, name: str, claims: list[Claim]) -> Optional[Claim]:
+        if len(claims) == 1:
+            return claims[0]
+        live = [claim for claim in claims if claim.plugin.state == "loaded"]
+        overriding = [claim for claim in live if claim.entry.override and not claim.builtin]
+        builtin = [claim for claim in live if claim.builtin]
+        if len(overriding) == 1:
+            winner: Optional[Claim] = overriding[0]
+        elif not overriding and builtin:
+            winner = builtin[0]
+        else:
+            winner = None
+        conflict = Conflict(role, name, claims, winner)
+        if len({claim.plugin.name for claim in claims}) > 1:
+            self.conflicts.append(conflict)
+            if winner is None or winner.builtin:
+                warnings.warn(f"trainer-plugins: {conflict.describe()}", PluginWarning, stacklevel=4)
+        return winner
+
+    # --- lookups ---------------------------------------------------------------------------------
+
+    def names(self, role: str, api: str, include_deprecated: bool = False) -> list[str]:
+        """Sorted usable names of ``role`` that have a class for ``api``."""
+        return sorted(
+            name
+            for name, claim in self.claims.get(role, {}).items()
+            if claim.entry.class_path(api) is not None and (include_deprecated or not claim.deprecated)
+        )
+
+    def find(self, role: str, name: str) -> Optional[Claim]:
+        """The claim that owns ``name`` for ``role`` or ``None``.
+
+        Raises:
+            PluginConflictError: ``name`` is contested and unusable; the message names both claimants.
+        """
+        claim = self.claims.get(role, {}).get(name)
+        if claim is None:
+            for conflict in self.conflicts:
+                if conflict.role == role and conflict.name == name and conflict.winner is None:
+                    raise PluginConflictError(
+                        f"{conflict.describe()}. Block one of them (TRAINER_PLUGINS_BLOCK) or ask its author to"
+                        " rename it."
+                    )
+        return claim
+
+    def owner_of(self, obj: Any, role: str, api: str) -> Optional[Claim]:
+        """The claim whose class is the closest class of ``obj`` (walking its MRO); never imports."""
+        by_class: dict[type, Claim] = {}
+        for claim in self.claims.get(role, {}).values():
+            cls = claim.entry.loaded_class(api)
+            if cls is not None and (cls not in by_class or by_class[cls].builtin):
+                by_class[cls] = claim
+        return next((by_class[cls] for cls in type(obj).__mro__ if cls in by_class), None)
+
+    def quarantine_note(self) -> str:
+        """A sentence naming the quarantined plugins with their errors ('' if none), for error messages."""
+        broken = self.manager.quarantined()
+        if not broken:
+            return ""
+        return " Quarantined plugins: " + "; ".join(f"{record.label}: {record.reason}" for record in broken) + "."
+
+
+def _checked_entries(manager: PluginManager, record: PluginRecord, role: str, entries: Any) -> Sequence[_Entry]:
+    """The entries of ``role`` a declaration hook returned; quarantine the plugin if they are malformed."""
+    expected = ENTRY_TYPES[role]
+    if isinstance(entries, (list, tuple)) and all(isinstance(entry, expected) for entry in entries):
+        return entries
+    manager._quarantine(record, f"{DECLARATION_HOOKS[role]} must return a list of {expected.__name__}", TypeError(repr(entries)))
+    return ()
+
+
+_lock = threading.Lock()
+_catalogs: dict[int, Catalog] = {}
+
+
+def get_catalog() -> Catalog:
+    """The catalogue of the process-wide plugin manager (built once, see ``reset_plugin_manager``)."""
+    manager = get_plugin_manager()
+    with _lock:
+        catalog = _catalogs.get(id(manager))
+        if catalog is None or catalog.manager is not manager:
+            catalog = _catalogs[id(manager)] = Catalog.build(manager)
+        return catalog
+
+
+def reset_catalogs() -> None:
+    """Forget cached catalogues."""
+    with _lock:
+        _catalogs.clear()

@@ -1,0 +1,352 @@
+"""The connector: answers, for one run, which object fills each role, by asking the plugins.
+
+Each question goes to the hooks first; a ``None`` answer means "no plugin claims this", and the
+Lightning adapter (:mod:`trainer_plugins._lightning`) then applies Lightning's own rule. Every answer
+is recorded as a :class:`Decision`, so a run can explain where each role came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pkgutil import resolve_name
+from typing import Any, Optional, Union
+
+from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
+
+from trainer_plugins._builtin import DISTRIBUTED_STRATEGIES
+from trainer_plugins._catalog import Catalog, Claim, get_catalog
+from trainer_plugins._controls import PIN_VARIABLES, Controls
+from trainer_plugins._entries import APIS
+from trainer_plugins._manager import BUILTIN_PLUGIN
+
+#: Lightning's import root for each api.
+LIGHTNING_ROOT = {"trainer": "lightning.pytorch", "fabric": "lightning.fabric"}
+#: Flag values Lightning itself interprets for each role (never looked up in the catalogue).
+KEYWORDS = {"accelerator": ("auto", "gpu"), "strategy": ("auto",)}
+LIGHTNING_RULE = "Lightning's own rule (no plugin claims this)"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How one role of a run was filled.
+
+    Attributes:
+        role: ``"accelerator"``, ``"devices"``, ``"environment"``, ``"strategy"``, ``"precision"`` or
+            ``"is_distributed"``.
+        choice: the object chosen, as ``"name (module.Class)"`` or a value.
+        plugin: the plugin that supplied it, as ``"name (distribution version)"``.
+        reason: why (availability, priority, pin, declared compatibility, ...).
+    """
+
+    role: str
+    choice: str
+    plugin: str
+    reason: str
+
+
+class Explanation(list):  # type: ignore[type-arg]
+    """The decisions of one run, in the order they were taken; ``str()`` gives a readable table."""
+
+    def as_dicts(self) -> list[dict[str, str]]:
+        """The decisions as plain dictionaries (for JSON)."""
+        return [asdict(decision) for decision in self]
+
+    def summary(self) -> str:
+        """One line: each role's choice and the plugin that supplied it."""
+        return "; ".join(f"{d.role}={d.choice.split(' ')[0]} [{d.plugin}]" for d in self)
+
+    def __str__(self) -> str:
+        width = max((len(d.role) for d in self), default=0)
+        return "\n".join(f"{d.role:<{width}}  {d.choice}  <- {d.plugin}: {d.reason}" for d in self)
+
+
+def describe(obj: Any) -> str:
+    """``"module.Class"`` for an object, or ``repr`` for a plain value."""
+    if isinstance(obj, (str, int, float, bool, list, tuple)) or obj is None:
+        return repr(obj)
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Connector:
+    """Asks the plugins which accelerator, environment, strategy and precision a run uses.
+
+    Args:
+        api: ``"trainer"`` (``lightning.Trainer``) or ``"fabric"`` (``lightning.Fabric``).
+        catalog: the declared names; default the process-wide catalogue.
+
+    Raises:
+        ValueError: unknown ``api``.
+    """
+
+    def __init__(self, api: str, catalog: Optional[Catalog] = None) -> None:
+        if api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, got {api!r}")
+        self.api = api
+        self.catalog = catalog if catalog is not None else get_catalog()
+        self.controls = Controls.from_env()
+        self.explanation = Explanation()
+        self._whitelist: Optional[tuple[type, ...]] = None
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def note(self, role: str, choice: Any, plugin: str, reason: str) -> None:
+        """Record a decision (``choice`` may be an object or a value).
+
+        A second note for a role already decided (the object built from a chosen name) only
+        refines the recorded choice; the first decision's plugin and reason stay.
+        """
+        text = choice if isinstance(choice, str) else describe(choice)
+        for index, decision in enumerate(self.explanation):
+            if decision.role == role:
+                self.explanation[index] = Decision(role, text, decision.plugin, decision.reason)
+                return
+        self.explanation.append(Decision(role, text, plugin, reason))
+
+    def _owners(self, **objects: Any) -> frozenset[str]:
+        """Names of the plugins whose classes ``objects`` (role=object) are instances of."""
+        owners = (self.catalog.owner_of(obj, role, self.api) for role, obj in objects.items())
+        return frozenset(claim.plugin.name for claim in owners if claim is not None)
+
+    def _ask_first(self, hook: str, owners: frozenset[str], **kwargs: Any) -> Optional[tuple[Any, Any]]:
+        return self.catalog.manager.call_first(hook, owners, api=self.api, **kwargs)
+
+    # --- names -----------------------------------------------------------------------------------
+
+    def names(self, role: str) -> list[str]:
+        """Usable names of ``role`` for this api, built-in and plugin-provided."""
+        return self.catalog.names(role, self.api)
+
+    def check_name(self, role: str, flag: Any, lightning_names: list[str]) -> None:
+        """Reject an unknown name for ``role``.
+
+        Raises:
+            ValueError: ``flag`` is a string that neither Lightning nor a plugin knows; the message
+                lists every registered name, plugin-provided ones included, and quarantined plugins.
+        """
+        if not isinstance(flag, str) or flag.lower() in KEYWORDS[role]:
+            return
+        known = set(lightning_names) | set(self.catalog.names(role, self.api, include_deprecated=True))
+        if flag.lower() not in known:
+            choices = ", ".join((*KEYWORDS[role], *sorted(known)))
+            raise ValueError(
+                f"Unknown {role} name `{role}={flag!r}`. Registered names: {choices}.{self.catalog.quarantine_note()}"
+            )
+
+    def canonical(self, role: str, flag: Any) -> Any:
+        """The main name of the entry a plugin-provided name belongs to (deprecated aliases warn)."""
+        if not isinstance(flag, str):
+            return flag
+        claim = self.catalog.find(role, flag.lower())
+        if claim is None or claim.builtin:
+            return flag
+        if claim.deprecated:
+            rank_zero_deprecation(f"The {role} name {flag!r} is deprecated. Use `{role}={claim.entry.name!r}` instead.")
+        return claim.entry.name
+
+    def plugin_claim(self, role: str, name: Any) -> Optional[Claim]:
+        """The plugin (not built-in) claim on ``name``, or ``None``.
+
+        Raises:
+            PluginError: the claiming plugin is quarantined; the message names its distribution,
+                version and original exception.
+            PluginConflictError: the name is contested by plugins without an override.
+        """
+        if not isinstance(name, str):
+            return None
+        claim = self.catalog.find(role, name.lower())
+        if claim is None or claim.builtin:
+            return None
+        if claim.plugin.state != "loaded":
+            raise self.catalog.manager.error_for(claim.plugin, f"provide {role} {name!r}")
+        return claim
+
+    def _pin(self, role: str) -> Optional[str]:
+        """The name pinned for ``role`` by the controls, or ``None``.
+
+        Raises:
+            ValueError: the pinned name is not registered; the message lists the registered names.
+        """
+        pinned = self.controls.pins.get(role)
+        if pinned and pinned not in self.catalog.names(role, self.api, include_deprecated=True):
+            raise ValueError(
+                f"{PIN_VARIABLES[role]}={pinned!r} names no {role}; choose one of {', '.join(self.names(role))}"
+            )
+        if pinned:
+            self.note(role, pinned, "controls", f"pinned by {PIN_VARIABLES[role]}")
+        return pinned
+
+    def _instantiate(self, claim: Claim, **kwargs: Any) -> Any:
+        cls = claim.entry.load(self.api)
+        return cls(**{**getattr(claim.entry, "init_kwargs", {}), **kwargs})
+
+    # --- accelerator -----------------------------------------------------------------------------
+
+    def choose_auto_accelerator(self) -> str:
+        """The accelerator ``accelerator="auto"`` means: the pin, else the available one of highest priority.
+
+        Availability comes from the owning plugin's probe hook, else from the class's
+        ``is_available()`` (Lightning's rule for its own accelerators).
+        """
+        pinned = self._pin("accelerator")
+        if pinned:
+            return pinned
+        ranked = sorted(
+            (
+                (claim.entry.auto_priority, name, claim)
+                for name, claim in self.catalog.claims.get("accelerator", {}).items()
+                if name == claim.entry.name and claim.entry.auto_priority is not None and claim.plugin.state == "loaded"
+                and claim.entry.class_path(self.api) is not None
+            ),
+            key=lambda item: -item[0],
+        )
+        skipped = []
+        for priority, name, claim in ranked:
+            if self._available(name, claim):
+                reason = f"available, highest auto priority ({priority})"
+                if skipped:
+                    reason += "; not available: " + ", ".join(skipped)
+                self.note("accelerator", name, claim.plugin.label, reason)
+                return name
+            skipped.append(f"{name} ({priority})")
+        raise RuntimeError("No accelerator is available, not even 'cpu'.")  # cpu is always available
+
+    def _available(self, name: str, claim: Claim) -> bool:
+        # a probe that raises quarantines its plugin instead of failing a run that may not need it
+        answer = self.catalog.manager.call_first("trainer_plugins_accelerator_available", name=name)
+        if claim.plugin.state != "loaded":
+            return False
+        if answer is not None:
+            return bool(answer[1])
+        return bool(claim.entry.load(self.api).is_available())
+
+    def make_accelerator(self, claim: Claim) -> Any:
+        """Build the accelerator of a plugin claim (its constructor reports a missing runtime)."""
+        accelerator = self._instantiate(claim)
+        self.note("accelerator", f"{claim.name} ({describe(accelerator)})", claim.plugin.label, "registered name")
+        return accelerator
+
+    # --- environment -----------------------------------------------------------------------------
+
+    def choose_environment(self, accelerator: Any) -> Optional[Any]:
+        """The cluster environment from the pin or the plugins, or ``None`` for Lightning's detection."""
+        pinned = self._pin("environment")
+        if pinned:
+            return self._instantiate(self.catalog.claims["environment"][pinned])
+        answer = self._ask_first("trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator)
+        if answer is None:
+            return None
+        record, environment = answer
+        self.note("environment", environment, record.label, "the accelerator's plugin chose it")
+        return environment
+
+    # --- strategy --------------------------------------------------------------------------------
+
+    def choose_strategy(self, accelerator: Any, parallel_devices: list[Any], num_nodes: int) -> Optional[Union[str, Any]]:
+        """What ``strategy="auto"`` means here: the pin, a plugin's choice, or ``None`` for Lightning's rule.
+
+        For an accelerator that a plugin provides but whose plugin does not choose, the strategy
+        runs on the accelerator's own device: a single-device strategy for one device, ``"ddp"``
+        for several (never Lightning's CPU default).
+        """
+        pinned = self._pin("strategy")
+        if pinned:
+            return pinned
+        owners = self._owners(accelerator=accelerator)
+        answer = self._ask_first(
+            "trainer_plugins_select_strategy", owners, accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes
+        )
+        if answer is not None:
+            record, name = answer
+            self.note("strategy", name, record.label, f"chosen for {len(parallel_devices)} device(s), {num_nodes} node(s)")
+            return name
+        if not owners - {BUILTIN_PLUGIN}:
+            return None
+        if len(parallel_devices) > 1 or num_nodes > 1:
+            self.note("strategy", "ddp", "trainer-plugins", "plugin accelerator without a strategy choice, several devices")
+            return "ddp"
+        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")(device=parallel_devices[0])
+        self.note("strategy", single, "trainer-plugins", f"plugin accelerator without a strategy choice, on {parallel_devices[0]}")
+        return single
+
+    def make_strategy(self, name: str, parallel_devices: list[Any]) -> Optional[Any]:
+        """Build a plugin-provided strategy by name, or ``None`` when ``name`` is Lightning's.
+
+        A single-device strategy is given the accelerator's device (``parallel_devices[0]``).
+        """
+        claim = self.plugin_claim("strategy", name)
+        if claim is None:
+            return None
+        cls = claim.entry.load(self.api)
+        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")
+        device = {"device": parallel_devices[0]} if issubclass(cls, single) else {}
+        strategy = self._instantiate(claim, **device)
+        self.note("strategy", f"{claim.name} ({describe(strategy)})", claim.plugin.label, "registered name")
+        return strategy
+
+    def validate(self, accelerator: Any, strategy: Any, parallel_devices: list[Any]) -> None:
+        """Let every plugin reject the accelerator/strategy pair (errors propagate to the user)."""
+        owners = self._owners(accelerator=accelerator, strategy=strategy)
+        self.catalog.manager.call_each(
+            "trainer_plugins_validate",
+            owners,
+            accelerator=accelerator,
+            strategy=strategy,
+            parallel_devices=parallel_devices,
+            api=self.api,
+        )
+
+    # --- precision -------------------------------------------------------------------------------
+
+    def choose_precision(self, accelerator: Any, strategy: Any, precision: str, precision_input: Any) -> Optional[Any]:
+        """The precision plugin a plugin builds for ``precision``, or ``None`` for Lightning's rule."""
+        answer = self._ask_first(
+            "trainer_plugins_select_precision",
+            self._owners(accelerator=accelerator, strategy=strategy),
+            accelerator=accelerator,
+            strategy=strategy,
+            precision=precision,
+            precision_input=precision_input,
+        )
+        if answer is None:
+            return None
+        record, plugin = answer
+        self.note("precision", plugin, record.label, f"handles precision={precision_input or precision!r}")
+        return plugin
+
+    # --- is_distributed --------------------------------------------------------------------------
+
+    def distributed_strategies(self) -> tuple[type, ...]:
+        """The whitelist: Lightning's distributed strategies plus every strategy a plugin declared distributed."""
+        if self._whitelist is None:
+            classes = [resolve_name(path) for path in DISTRIBUTED_STRATEGIES[self.api]]
+            for claim in self.catalog.claims.get("strategy", {}).values():
+                cls = claim.entry.loaded_class(self.api) if getattr(claim.entry, "distributed", False) else None
+                if cls is not None and cls not in classes:
+                    classes.append(cls)
+            self._whitelist = tuple(classes)
+        return self._whitelist
+
+    def is_distributed(self, strategy: Any) -> bool:
+        """Whether a run with ``strategy`` is distributed (SPEC, "Names, legacy names and is_distributed").
+
+        1. ``True`` if ``strategy`` is an instance of a whitelisted class
+           (:meth:`distributed_strategies`);
+        2. else the value of ``strategy.is_distributed`` if the attribute exists (custom strategies);
+        3. else ``False``.
+        """
+        if isinstance(strategy, self.distributed_strategies()):
+            return True
+        if hasattr(strategy, "is_distributed"):
+            return bool(strategy.is_distributed)
+        return False
+
+    def explain_is_distributed(self, strategy: Any) -> None:
+        """Record the ``is_distributed`` answer and which rule gave it."""
+        if isinstance(strategy, self.distributed_strategies()):
+            rule = "whitelisted distributed strategy"
+        elif hasattr(strategy, "is_distributed"):
+            rule = "the strategy's own is_distributed attribute"
+        else:
+            rule = "not whitelisted and no is_distributed attribute"
+        self.note("is_distributed", repr(self.is_distributed(strategy)), "trainer-plugins", rule)

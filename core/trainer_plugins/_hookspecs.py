@@ -1,0 +1,144 @@
+"""The hook specification: what a plugin may tell the connector about the four roles of a run.
+
+A plugin is a module (named by an entry point in the ``trainer_plugins`` group) whose functions are
+decorated with :data:`hookimpl`. It declares what it provides with the four *declaration* hooks and
+answers the connector's questions with the *decision* hooks. Every hook is optional.
+
+Rules every implementation follows (the conformance kit in :mod:`trainer_plugins.testing` checks
+them):
+
+* Declaration hooks and :func:`trainer_plugins_accelerator_available` are called while plugins are
+  listed or ``"auto"`` is resolved: they must not import a device runtime (torch_xla, CUDA, ...),
+  start one, or grab a device.
+* Decision hooks return ``None`` for objects that belong to another plugin. They may import heavy
+  modules, because they are only reached once a run has been configured.
+* A decision hook rejects a bad combination by raising ``ValueError``, ``TypeError``,
+  ``NotImplementedError`` or ``ModuleNotFoundError``; the connector passes that error to the user
+  unchanged. Any other exception is treated as a bug in the plugin (see ``docs/plugin-author.md``).
+* ``api`` is ``"trainer"`` for ``lightning.Trainer`` and ``"fabric"`` for ``lightning.Fabric``; the
+  objects returned must be of that flavour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
+import pluggy
+
+if TYPE_CHECKING:
+    from trainer_plugins._entries import AcceleratorEntry, EnvironmentEntry, PrecisionEntry, StrategyEntry
+
+#: Project name shared by the hook markers (pluggy's ``project_name``).
+PROJECT_NAME = "trainer_plugins"
+
+#: Version of this hook specification. Plugins declare which versions they support with a
+#: module attribute ``TRAINER_PLUGINS_API`` holding a PEP 440 specifier such as ``">=1.0,<2"``.
+HOOKSPEC_VERSION = "1.0"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --- declarations: cheap, called when the catalogue of names is built ---------------------------
+
+
+@hookspec
+def trainer_plugins_accelerators() -> Sequence[AcceleratorEntry]:  # type: ignore[empty-body]
+    """Declare the accelerators this plugin provides (names, classes, ``"auto"`` priority)."""
+
+
+@hookspec
+def trainer_plugins_strategies() -> Sequence[StrategyEntry]:  # type: ignore[empty-body]
+    """Declare the strategies this plugin provides, and which of them are distributed."""
+
+
+@hookspec
+def trainer_plugins_precisions() -> Sequence[PrecisionEntry]:  # type: ignore[empty-body]
+    """Declare the precision plugins this plugin provides and the precision strings they handle."""
+
+
+@hookspec
+def trainer_plugins_environments() -> Sequence[EnvironmentEntry]:  # type: ignore[empty-body]
+    """Declare the cluster environments this plugin provides."""
+
+
+# --- probe: cheap, called while resolving accelerator="auto" -------------------------------------
+
+
+@hookspec(firstresult=True)
+def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
+    """Say whether the accelerator registered as ``name`` can run here.
+
+    Args:
+        name: a name this plugin declared in :func:`trainer_plugins_accelerators`.
+
+    Returns:
+        ``True``/``False``, or ``None`` when ``name`` is not this plugin's. Must not start a runtime.
+    """
+
+
+# --- decisions: called once a run is being configured --------------------------------------------
+
+
+@hookspec(firstresult=True)
+def trainer_plugins_select_strategy(
+    accelerator: Any, parallel_devices: list[Any], num_nodes: int, api: str
+) -> Optional[str]:
+    """Name the strategy that ``strategy="auto"`` means for this accelerator and device list.
+
+    Args:
+        accelerator: the Lightning ``Accelerator`` instance of the run.
+        parallel_devices: the ``torch.device`` objects the accelerator will use (length >= 1).
+        num_nodes: number of hosts (``Trainer(num_nodes=...)``), >= 1.
+        api: ``"trainer"`` or ``"fabric"``.
+
+    Returns:
+        A registered strategy name, or ``None`` when the accelerator is not this plugin's.
+    """
+
+
+@hookspec(firstresult=True)
+def trainer_plugins_select_precision(
+    accelerator: Any, strategy: Any, precision: str, precision_input: Any, api: str
+) -> Any:
+    """Build the precision plugin for a precision string on this accelerator/strategy.
+
+    Args:
+        accelerator: the Lightning ``Accelerator`` instance of the run.
+        strategy: the Lightning ``Strategy`` instance of the run.
+        precision: Lightning's normalised precision string (``"32-true"``, ``"16-mixed"``, ...).
+        precision_input: the value exactly as the user passed it (``None`` for the default), so
+            that error messages can quote it.
+        api: ``"trainer"`` or ``"fabric"``.
+
+    Returns:
+        A Lightning ``Precision`` instance, or ``None`` when neither object is this plugin's.
+
+    Raises:
+        ValueError: the precision is not supported here; the message names it and the choices.
+    """
+
+
+@hookspec(firstresult=True)
+def trainer_plugins_select_environment(accelerator: Any, api: str) -> Any:
+    """Build the cluster environment for this accelerator (``None`` when it is not yours)."""
+
+
+@hookspec
+def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: list[Any], api: str) -> None:
+    """Reject an accelerator/strategy combination this plugin knows cannot work.
+
+    Called for every plugin once the strategy exists. Raise ``ValueError`` (wrong pairing) or
+    ``NotImplementedError`` (pairing known but unsupported) with a message naming the strategy and
+    the valid choices; return ``None`` otherwise.
+    """
+
+
+#: The declaration hook of each role, in the order roles are resolved.
+DECLARATION_HOOKS = {
+    "accelerator": "trainer_plugins_accelerators",
+    "strategy": "trainer_plugins_strategies",
+    "precision": "trainer_plugins_precisions",
+    "environment": "trainer_plugins_environments",
+}

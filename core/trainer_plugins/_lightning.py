@@ -1,0 +1,214 @@
+"""The one place where trainer-plugins adapts Lightning: the connector classes of Trainer and Fabric.
+
+``lightning.Trainer`` builds its accelerator, strategy, precision plugin and cluster environment in
+``_AcceleratorConnector``; ``lightning.Fabric`` in ``_Connector``. Both run the same sequence of
+private methods (unchanged from Lightning 2.0 to 2.6). :class:`TrainerConnector` and
+:class:`FabricConnector` subclass them and override only the *decision* methods: each asks the
+plugins through :class:`~trainer_plugins._connector.Connector` first and falls back to Lightning's
+own method when no plugin answers. :func:`patch_module` makes ``trainer.py``/``fabric.py`` build
+the subclass instead; nothing else in Lightning is touched.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any, ClassVar
+
+from lightning.fabric.connector import _Connector
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.utilities.rank_zero import rank_zero_debug, rank_zero_info
+from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+from trainer_plugins._connector import LIGHTNING_RULE, Connector
+from trainer_plugins._manager import BUILTIN_PLUGIN
+
+
+class _PluginConnectorMixin:
+    """Decision methods shared by both adapters; class attributes name Lightning's differing fields."""
+
+    _api: ClassVar[str]
+    _accelerator_names_attr: ClassVar[str]  # Lightning's list of valid accelerator names
+    _precision_attr: ClassVar[str]  # Lightning's normalised precision string
+    _precision_instance_attr: ClassVar[str]  # a Precision instance given through `plugins=`
+
+    plugin_connector: Connector
+    accelerator: Any
+    strategy: Any
+    _accelerator_flag: Any
+    _strategy_flag: Any
+    _parallel_devices: list[Any]
+    _num_nodes_flag: int
+    _registered_strategies: list[str]
+    _cluster_environment_flag: Any
+
+    def _check_config_and_set_final_flags(self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any) -> None:
+        connector = self.plugin_connector = Connector(self._api)
+        lightning_accelerators = list(getattr(self, self._accelerator_names_attr))
+        connector.check_name("accelerator", accelerator, lightning_accelerators)
+        connector.check_name("strategy", strategy, list(self._registered_strategies))
+        setattr(self, self._accelerator_names_attr, [*lightning_accelerators, *connector.names("accelerator")])
+        self._registered_strategies = [*self._registered_strategies, *connector.names("strategy")]
+        self._precision_as_given = precision
+        super()._check_config_and_set_final_flags(  # type: ignore[misc]
+            strategy=connector.canonical("strategy", strategy),
+            accelerator=connector.canonical("accelerator", accelerator),
+            precision=precision,
+            plugins=plugins,
+            **kwargs,
+        )
+
+    def _choose_auto_accelerator(self) -> str:
+        return self.plugin_connector.choose_auto_accelerator()
+
+    def _set_parallel_devices_and_init_accelerator(self) -> None:
+        claim = self.plugin_connector.plugin_claim("accelerator", self._accelerator_flag)
+        given = self._accelerator_flag
+        if claim is not None:
+            self._accelerator_flag = self.plugin_connector.make_accelerator(claim)
+        super()._set_parallel_devices_and_init_accelerator()  # type: ignore[misc]
+        if claim is None:
+            self._note_lightning_choice("accelerator", self.accelerator, given)
+        self.plugin_connector.note(
+            "devices", repr(self._parallel_devices), self._label_of("accelerator", self.accelerator), "accelerator.parse_devices"
+        )
+
+    def _choose_and_init_cluster_environment(self) -> Any:
+        if not isinstance(self._cluster_environment_flag, ClusterEnvironment):
+            environment = self.plugin_connector.choose_environment(self.accelerator)
+            if environment is not None:
+                return environment
+        environment = super()._choose_and_init_cluster_environment()  # type: ignore[misc]
+        self._note_lightning_choice("environment", environment, self._cluster_environment_flag)
+        return environment
+
+    def _choose_strategy(self) -> Any:
+        choice = self.plugin_connector.choose_strategy(self.accelerator, self._parallel_devices, self._num_nodes_flag)
+        if choice is None:
+            choice = super()._choose_strategy()  # type: ignore[misc]
+            self.plugin_connector.note("strategy", choice, BUILTIN_PLUGIN, LIGHTNING_RULE)
+        return choice
+
+    def _init_strategy(self) -> None:
+        flag = self._strategy_flag
+        strategy = self.plugin_connector.make_strategy(flag, self._parallel_devices) if isinstance(flag, str) else None
+        if strategy is None:
+            super()._init_strategy()  # type: ignore[misc]
+            if not any(decision.role == "strategy" for decision in self.plugin_connector.explanation):
+                self._note_lightning_choice("strategy", self.strategy, flag)
+        else:
+            self.strategy = strategy
+        self.plugin_connector.validate(self.accelerator, self.strategy, self._parallel_devices)
+
+    def _check_and_init_precision(self) -> Any:
+        if getattr(self, self._precision_instance_attr) is None:
+            plugin = self.plugin_connector.choose_precision(
+                self.accelerator, self.strategy, getattr(self, self._precision_attr), self._precision_as_given
+            )
+            if plugin is not None:
+                return plugin
+        plugin = super()._check_and_init_precision()  # type: ignore[misc]
+        self._note_lightning_choice("precision", plugin, getattr(self, self._precision_instance_attr))
+        return plugin
+
+    def _lazy_init_strategy(self) -> None:
+        super()._lazy_init_strategy()  # type: ignore[misc]
+        self.plugin_connector.explain_is_distributed(self.strategy)
+        explanation = self.plugin_connector.explanation
+        rank_zero_info(f"trainer-plugins: {explanation.summary()}")
+        rank_zero_debug(f"trainer-plugins resolved the run:\n{explanation}")
+
+    @property
+    def is_distributed(self) -> bool:
+        """The connector's answer (see :meth:`trainer_plugins.Connector.is_distributed`)."""
+        return self.plugin_connector.is_distributed(self.strategy)
+
+    # --- explanation helpers ---------------------------------------------------------------------
+
+    def _label_of(self, role: str, obj: Any) -> str:
+        claim = self.plugin_connector.catalog.owner_of(obj, role, self._api)
+        return claim.plugin.label if claim is not None else BUILTIN_PLUGIN
+
+    def _note_lightning_choice(self, role: str, obj: Any, given: Any) -> None:
+        reason = "instance given by the user" if not isinstance(given, (str, type(None))) else LIGHTNING_RULE
+        self.plugin_connector.note(role, obj, self._label_of(role, obj), reason)
+
+
+class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):
+    """``lightning.Trainer``'s connector, asking the plugins before applying Lightning's rules."""
+
+    _api = "trainer"
+    _accelerator_names_attr = "_accelerator_types"
+    _precision_attr = "_precision_flag"
+    _precision_instance_attr = "_precision_plugin_flag"
+
+
+class FabricConnector(_PluginConnectorMixin, _Connector):
+    """``lightning.Fabric``'s connector, asking the plugins before applying Lightning's rules."""
+
+    _api = "fabric"
+    _accelerator_names_attr = "_registered_accelerators"
+    _precision_attr = "_precision_input"
+    _precision_instance_attr = "_precision_instance"
+
+
+#: Lightning module -> (name of the connector class it builds, our replacement).
+TARGETS: dict[str, tuple[str, type]] = {
+    "lightning.pytorch.trainer.trainer": ("_AcceleratorConnector", TrainerConnector),
+    "lightning.fabric.fabric": ("_Connector", FabricConnector),
+}
+_originals: dict[str, Any] = {}
+
+
+def patch_module(module: ModuleType) -> None:
+    """Make a Lightning module of :data:`TARGETS` build the plugin-aware connector (idempotent)."""
+    attribute, replacement = TARGETS[module.__name__]
+    current = getattr(module, attribute)
+    if current is not replacement:
+        _originals[module.__name__] = current
+        setattr(module, attribute, replacement)
+
+
+def install() -> None:
+    """Attach to ``lightning.Trainer`` and ``lightning.Fabric`` now (imports Lightning)."""
+    import lightning.fabric.fabric  # noqa: F401
+    import lightning.pytorch.trainer.trainer  # noqa: F401
+
+    for name in TARGETS:
+        patch_module(sys.modules[name])
+
+
+def uninstall() -> None:
+    """Give Trainer and Fabric back their own connectors."""
+    for name, original in list(_originals.items()):
+        setattr(sys.modules[name], TARGETS[name][0], original)
+        del _originals[name]
+
+
+def installed() -> bool:
+    """Whether Trainer and Fabric currently build the plugin-aware connectors."""
+    return all(
+        name in sys.modules and getattr(sys.modules[name], attribute) is replacement
+        for name, (attribute, replacement) in TARGETS.items()
+    )
+
+
+def explain(api: str = "trainer", **flags: Any) -> Any:
+    """Resolve Trainer or Fabric flags without starting a run; return the :class:`Explanation`.
+
+    Args:
+        api: ``"trainer"`` or ``"fabric"``.
+        **flags: ``accelerator``, ``devices``, ``strategy``, ``precision``, ``num_nodes``, ``plugins``,
+            as for ``lightning.Trainer``/``lightning.Fabric``.
+
+    Returns:
+        The decisions: which plugin supplied each role and why (``str()`` for a table).
+
+    Raises:
+        ValueError, TypeError, NotImplementedError, ModuleNotFoundError: the flags are invalid, as
+            the Trainer or Fabric would raise them.
+    """
+    connectors = {"trainer": TrainerConnector, "fabric": FabricConnector}
+    if api not in connectors:
+        raise ValueError(f"api must be 'trainer' or 'fabric', got {api!r}")
+    return connectors[api](**flags).plugin_connector.explanation

@@ -1,0 +1,34 @@
+"""xla-plugins: the XLA (torch_xla / PJRT) backend of trainer-plugins.
+
+After ``pip install xla-plugins``, ``lightning.Trainer(accelerator="tpu" | "xla", ...)`` uses the
+classes below without any import in user code. They are exported here for people who build them
+explicitly; each is imported on first access, so importing this package imports neither torch,
+Lightning nor torch_xla.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "xla_plugins.accelerator": ("TPUAccelerator", "XLAAccelerator"),
+    "xla_plugins.environment": ("XLAEnvironment",),
+    "xla_plugins.precision": ("TPUBf16PrecisionPlugin", "TPUPrecisionPlugin", "XLAPrecision"),
+    "xla_plugins.strategies.single_xla": ("SingleDeviceXLAStrategy", "SingleTPUStrategy"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("xla-plugins")
+    if name not in _WHERE:
+        raise AttributeError(f"module 'xla_plugins' has no attribute {name!r}")
+    return getattr(import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return [*__all__, "__version__"]

@@ -1,0 +1,177 @@
+"""torch_xla runtime checks shared by every XLA role: presence, version, PJRT, device count.
+
+Importing this module imports neither torch nor torch_xla; each function imports torch_xla only
+when it has to.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import multiprocessing
+import os
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from packaging.version import Version
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+log = logging.getLogger("xla_plugins")
+
+#: Oldest torch_xla this plugin runs on (``torch_xla.device``/``torch_xla.sync``/``torch_xla.runtime``).
+MIN_TORCH_XLA = Version("2.8")
+#: Seconds the PJRT device probe may take (a TPU host needs a few seconds to start its client).
+PROBE_TIMEOUT_S = 180.0
+_INSTALL_HINT = "pip install 'xla-plugins' (which pulls torch_xla), or pip install 'torch_xla==<your torch version>'"
+
+
+def torch_xla_version() -> Version | None:
+    """The installed torch_xla version from package metadata (no import), or ``None``."""
+    try:
+        return Version(version("torch_xla"))
+    except PackageNotFoundError:
+        return None
+
+
+def require_torch_xla() -> ModuleType:
+    """Import and return ``torch_xla`` after checking that it can drive this run.
+
+    Mirrors the checks of Lightning's ``XLAAccelerator`` (torch_xla present, PJRT runtime) with the
+    version floor of this plugin. If ``PJRT_DEVICE`` is unset, torch_xla picks a device itself
+    (TPU when a TPU is attached, else CPU); that choice is logged, never silent.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed (``name="torch_xla"``).
+        RuntimeError: torch_xla is older than :data:`MIN_TORCH_XLA`, or the runtime is not PJRT
+            (the XRT runtime is not supported anymore).
+    """
+    installed = torch_xla_version()
+    if installed is None or importlib.util.find_spec("torch_xla") is None:
+        raise ModuleNotFoundError(
+            f"The XLA plugin needs torch_xla>={MIN_TORCH_XLA}, which is not installed. {_INSTALL_HINT}.",
+            name="torch_xla",
+        )
+    if installed.release[:2] < MIN_TORCH_XLA.release[:2]:
+        raise RuntimeError(f"torch_xla {installed} is too old for the XLA plugin; it needs torch_xla>={MIN_TORCH_XLA}.")
+    chosen_by_user = os.environ.get("PJRT_DEVICE")
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    if xr.device_type() is None:
+        raise RuntimeError("The XLA XRT runtime is not supported anymore; set PJRT_DEVICE (TPU, CPU, CUDA, ...) to use PJRT.")
+    if not chosen_by_user:
+        _log_default_device(xr.device_type())
+    return torch_xla
+
+
+@functools.lru_cache(maxsize=None)
+def _log_default_device(device_type: str) -> None:
+    log.warning(
+        "PJRT_DEVICE was not set, so torch_xla selected PJRT_DEVICE=%s%s. Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose.",
+        device_type,
+        " because no TPU was found" if device_type == "CPU" else "",
+    )
+
+
+def device_type() -> str:
+    """The active PJRT device type (``"TPU"``, ``"CPU"``, ``"CUDA"``, ...); imports torch_xla."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    return str(xr.device_type())
+
+
+def device_count() -> int:
+    """Number of devices of the active PJRT device type, as the PJRT runtime reports it.
+
+    ``torch_xla.runtime.global_runtime_device_count()`` needs a started runtime, and starting one in
+    the main process would lock TPU chips and forbid ``xmp.spawn`` later. So unless this process
+    already runs the runtime, the count is taken in a short-lived forked child process and cached
+    per runtime configuration (``PJRT_*``, ``TPU_*``, ``*_NUM_DEVICES`` variables).
+
+    Raises:
+        ModuleNotFoundError, RuntimeError: see :func:`require_torch_xla`; also ``RuntimeError``
+            when the PJRT device cannot be started (the message quotes the runtime's error) or does
+            not answer within :data:`PROBE_TIMEOUT_S` seconds.
+    """
+    torch_xla = require_torch_xla()
+    if torch_xla._XLAC._xla_runtime_is_initialized():
+        import torch_xla.runtime as xr
+
+        return xr.global_runtime_device_count()
+    return _probed_device_count(_runtime_configuration())
+
+
+def _runtime_configuration() -> tuple[tuple[str, str], ...]:
+    keys = ("PJRT_", "TPU_", "XLA_USE_SPMD", "CUDA_VISIBLE_DEVICES")
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(keys) or k.endswith("_NUM_DEVICES")))
+
+
+@functools.lru_cache(maxsize=8)
+def _probed_device_count(configuration: tuple[tuple[str, str], ...]) -> int:
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_report_device_count, args=(sender,), daemon=True)
+    child.start()
+    sender.close()
+    pjrt_device = os.environ.get("PJRT_DEVICE")
+    try:
+        if not receiver.poll(PROBE_TIMEOUT_S):
+            raise RuntimeError(
+                f"The PJRT runtime (PJRT_DEVICE={pjrt_device}) did not report its devices within"
+                f" {PROBE_TIMEOUT_S:.0f} s; check that the device is attached and not used by another process."
+            )
+        ok, answer = receiver.recv()
+    except EOFError:
+        child.join(5)
+        raise RuntimeError(
+            f"The PJRT runtime (PJRT_DEVICE={pjrt_device}) crashed while starting (exit code {child.exitcode})."
+        ) from None
+    finally:
+        receiver.close()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if not ok:
+        raise RuntimeError(
+            f"PJRT_DEVICE={pjrt_device} is not usable here: {answer}. Set PJRT_DEVICE to an attached device type"
+            " (TPU, CUDA, CPU, ...)."
+        )
+    return int(answer)
+
+
+def _report_device_count(sender: Connection) -> None:
+    # runs in the forked child: start the runtime, report, and leave without running exit handlers
+    try:
+        import torch_xla.runtime as xr
+
+        sender.send((True, xr.global_runtime_device_count()))
+    except BaseException as error:  # noqa: BLE001 - everything is reported to the parent
+        sender.send((False, f"{type(error).__name__}: {error}"))
+    finally:
+        sender.close()
+        os._exit(0)
+
+
+def auto_candidate() -> bool:
+    """Whether ``accelerator="auto"`` should choose XLA, without starting a runtime.
+
+    True when torch_xla is installed and an XLA-only device is selected or attached: ``PJRT_DEVICE``
+    names a device other than CPU, or libtpu is installed and torch_xla's probe finds a TPU chip.
+    A CPU-only machine never imports torch_xla here.
+    """
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    selected = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    if selected:
+        return selected != "CPU"
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    from torch_xla._internal import tpu
+
+    return tpu.num_available_chips() > 0

@@ -1,0 +1,150 @@
+"""The XLA accelerator: any PJRT device torch_xla can drive (TPU, CPU, CUDA, Neuron, ...)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Union
+
+import torch
+from lightning.fabric.utilities.device_parser import _check_data_type
+from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
+from lightning.pytorch.accelerators.xla import XLAAccelerator as _LightningXLAAccelerator
+from typing_extensions import override
+
+from xla_plugins import _runtime
+
+_MiB = 2**20
+
+
+class XLAAccelerator(_LightningXLAAccelerator):
+    """Accelerator for XLA devices through torch_xla's PJRT runtime (experimental upstream).
+
+    Serves both ``lightning.Trainer`` and ``lightning.Fabric``. It subclasses Lightning's own
+    ``XLAAccelerator`` so that Lightning's internal XLA handling (``no_grad`` evaluation loops,
+    Fabric's joint model/optimizer setup) applies, and replaces its device logic: the device count
+    comes from the PJRT runtime of whatever ``PJRT_DEVICE`` is active, not from TPU-only probes.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed (message names torch_xla and how to install it).
+        RuntimeError: torch_xla is too old, the runtime is not PJRT, or the PJRT device cannot start.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _runtime.require_torch_xla()
+        super().__init__(*args, **kwargs)
+        if _runtime.device_count() < 1:
+            raise RuntimeError(f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} reports no devices.")
+
+    @override
+    def setup_device(self, device: torch.device) -> None:
+        """Start the PJRT runtime on ``device`` at the beginning of a run.
+
+        torch_xla reads its configuration once, when the runtime starts and the first
+        floating-point tensor is created. Doing both here, before the precision plugin sets the
+        legacy ``XLA_USE_*`` variable, means that variable does not change how torch_xla lowers the
+        model: the dtypes PyTorch reports are the dtypes that run, and torch_xla >= 2.6 prints no
+        deprecation notice for it.
+        """
+        torch.zeros(1, device=device)
+
+    @staticmethod
+    @override
+    def parse_devices(devices: Union[int, str, list[int]]) -> Union[int, list[int]]:
+        """Validate ``devices`` for XLA (SPEC "Devices"); N is the runtime's device count.
+
+        Args:
+            devices: ``1``, ``N``, ``[i]`` with ``0 <= i < N``, or a string of one of them
+                (``"8"`` -> 8, ``"2,"`` -> ``[2]``). ``"auto"`` is resolved by Lightning beforehand
+                through :meth:`auto_device_count`.
+
+        Returns:
+            The number of devices, or a one-element list naming the device index.
+
+        Raises:
+            TypeError: ``devices`` is not an int, a str or a sequence of ints (``None``, ``True``, ...).
+            ValueError: any other value; the message names it and lists ``'auto', 1, N or [0-(N-1)]``.
+        """
+        _check_data_type(devices)
+        if isinstance(devices, str):
+            devices = _parse_device_string(devices)
+        count = XLAAccelerator.auto_device_count()
+        if isinstance(devices, int) and devices in (1, count):
+            return devices
+        if isinstance(devices, (list, tuple)) and len(devices) == 1 and 0 <= devices[0] < count:
+            return list(devices)
+        raise ValueError(
+            f"`devices` can only be 'auto', 1, {count} or [0-{count - 1}] for XLA"
+            f" (PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} has {count} device(s)), got {devices!r}."
+        )
+
+    @staticmethod
+    @override
+    def get_parallel_devices(devices: Union[int, str, list[int]]) -> list[torch.device]:
+        """``torch.device("xla", i)`` for each device selected by ``devices`` (see :meth:`parse_devices`)."""
+        parsed = XLAAccelerator.parse_devices(devices)
+        indices = range(parsed) if isinstance(parsed, int) else parsed
+        return [torch.device("xla", index) for index in indices]
+
+    @staticmethod
+    @override
+    def auto_device_count() -> int:
+        """The number of devices of the active PJRT device type, from the PJRT runtime."""
+        return _runtime.device_count()
+
+    @staticmethod
+    @override
+    def is_available() -> bool:
+        """Whether torch_xla is installed and its active PJRT device has at least one device."""
+        try:
+            return _runtime.device_count() > 0
+        except (ModuleNotFoundError, RuntimeError):
+            return False
+
+    @override
+    def get_device_stats(self, device: Union[str, torch.device]) -> dict[str, float]:
+        """Memory of ``device`` in MiB (2**20 bytes) from ``torch_xla.core.xla_model.get_memory_info``.
+
+        Returns:
+            ``{"memory.used (MiB)", "memory.free (MiB)", "memory.limit (MiB)"}`` plus
+            ``"memory.peak (MiB)"`` where the runtime reports a peak; ``{}`` where the runtime has no
+            memory statistics (the CPU PJRT client, for one).
+        """
+        import torch_xla.core.xla_model as xm
+
+        try:
+            info: dict[str, Any] = dict(xm.get_memory_info(torch.device(device)))
+        except RuntimeError:  # "UNIMPLEMENTED: GetAllocatorStats is not supported"
+            return {}
+        if "kb_total" in info:  # torch_xla < 2.2 reported kilobytes
+            info = {"bytes_limit": info["kb_total"] * 1024, "bytes_used": (info["kb_total"] - info["kb_free"]) * 1024}
+        used, limit = float(info["bytes_used"]), float(info["bytes_limit"])
+        stats = {"memory.used (MiB)": used / _MiB, "memory.free (MiB)": (limit - used) / _MiB, "memory.limit (MiB)": limit / _MiB}
+        if "peak_bytes_used" in info:
+            stats["memory.peak (MiB)"] = float(info["peak_bytes_used"]) / _MiB
+        return stats
+
+    @staticmethod
+    @override
+    def name() -> str:
+        return "xla"
+
+
+class TPUAccelerator(XLAAccelerator):
+    """Legacy name of :class:`XLAAccelerator`; warns that it is deprecated."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        rank_zero_deprecation("`TPUAccelerator` is deprecated. Use `xla_plugins.XLAAccelerator` (accelerator='xla') instead.")
+        super().__init__(*args, **kwargs)
+
+
+def _parse_device_string(devices: str) -> Union[int, list[int]]:
+    """``"8"`` -> 8, ``"0,1"`` -> [0, 1], ``"2,"`` -> [2]; anything else raises ``ValueError`` quoting it."""
+    text = devices.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"Could not parse `devices={devices!r}` for XLA: use an int, 'auto', or indices like '0,'.") from None

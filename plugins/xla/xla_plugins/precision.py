@@ -1,0 +1,161 @@
+"""The XLA precision plugin: true 32/16/bf16 precision, no mixed precision (AMP) on XLA."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
+from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
+from lightning.fabric.utilities.types import Optimizable
+from lightning.pytorch.plugins.precision.xla import XLAPrecision as _LightningXLAPrecision
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning_utilities import apply_to_collection
+from torch import Tensor
+from torch.nn import Module
+from typing_extensions import override
+
+import lightning.pytorch as pl
+from xla_plugins import _runtime
+
+#: Precision string -> (dtype of parameters and activations, variable set while active).
+PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
+    "32-true": (torch.float32, None),
+    "16-true": (torch.float16, "XLA_USE_F16"),
+    "bf16-true": (torch.bfloat16, "XLA_USE_BF16"),
+}
+#: Every variable any precision sets; ``teardown()`` removes all of them.
+PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
+#: Lightning's spellings of "32-true" that mean exactly the same thing.
+_ALIASES: dict[Any, str] = {32: "32-true", "32": "32-true"}
+
+
+def check_precision(precision: Any) -> str:
+    """The XLA precision string for ``precision``.
+
+    Args:
+        precision: ``"32-true"`` (or Lightning's alias ``32``/``"32"``), ``"16-true"`` or ``"bf16-true"``.
+
+    Raises:
+        ValueError: anything else (``16``, ``"16-mixed"``, ``"bf16-mixed"``, ``"64-true"``, ...), naming
+            the value and listing the three accepted ones. XLA has no mixed precision (AMP).
+    """
+    name = _ALIASES.get(precision, precision) if isinstance(precision, (int, str)) else precision
+    if isinstance(name, str) and name in PRECISIONS:
+        return name
+    raise ValueError(
+        f"`precision={precision!r}` is not supported on XLA. Choose one of"
+        f" {', '.join(repr(p) for p in PRECISIONS)}; XLA has no mixed precision (AMP)."
+    )
+
+
+class _XLAPrecisionBehaviour:
+    """What the Trainer and Fabric flavours share: dtype handling and the ``XLA_USE_*`` lifecycle.
+
+    The module, the tensors created in it and floating-point inputs are converted to the dtype of
+    the precision, so training really runs in it on every torch_xla version. The legacy variable
+    (``XLA_USE_F16``/``XLA_USE_BF16``) is also set from the moment the module is converted until
+    :meth:`teardown`; torch_xla >= 2.6 deprecates it and reads it only at runtime start.
+    """
+
+    precision: str
+    _desired_dtype: torch.dtype
+
+    def __init__(self, precision: Any = "32-true") -> None:
+        _runtime.require_torch_xla()
+        self.precision = check_precision(precision)
+        self._desired_dtype = PRECISIONS[self.precision][0]
+
+    def _activate(self) -> None:
+        variable = PRECISIONS[self.precision][1]
+        if variable is not None:
+            os.environ[variable] = "1"
+
+    def convert_module(self, module: Module) -> Module:
+        """Activate the precision and cast ``module``'s parameters and buffers to its dtype."""
+        self._activate()
+        return module if self._desired_dtype == torch.float32 else module.to(dtype=self._desired_dtype)
+
+    def tensor_init_context(self) -> AbstractContextManager:
+        return _DtypeContextManager(self._desired_dtype)
+
+    def module_init_context(self) -> AbstractContextManager:
+        return self.tensor_init_context()
+
+    @contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        """Create new floating-point tensors in the precision's dtype during forward."""
+        with _DtypeContextManager(self._desired_dtype):
+            yield
+
+    def convert_input(self, data: Any) -> Any:
+        """Cast floating-point tensors of ``data`` (any collection) to the precision's dtype."""
+        return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=self._desired_dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        """Cast floating-point tensors of ``data`` back to the default dtype (float32)."""
+        return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.get_default_dtype())
+
+    def teardown(self) -> None:
+        """Remove every ``XLA_USE_*`` variable a precision may have set."""
+        for variable in PRECISION_VARIABLES:
+            os.environ.pop(variable, None)
+
+
+class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):
+    """Precision plugin of ``lightning.Trainer`` on XLA: ``"32-true"``, ``"16-true"``, ``"bf16-true"``.
+
+    Subclasses Lightning's ``XLAPrecision`` (which Lightning's XLA strategies require) but sets the
+    ``XLA_USE_*`` variable only while a run is active, not at construction.
+
+    Args:
+        precision: see :func:`check_precision`.
+
+    Raises:
+        ValueError: unsupported precision (see :func:`check_precision`).
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+
+    @override
+    def optimizer_step(  # type: ignore[override]
+        self, optimizer: Optimizable, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
+    ) -> Any:
+        """Step inside the closure, reducing gradients across replicas (``xm.reduce_gradients``), then sync the graph.
+
+        Raises:
+            MisconfigurationException: ``training_step`` returned ``None`` under automatic
+                optimization; skipping backward is not supported on XLA.
+        """
+        import torch_xla
+
+        closure = partial(self._xla_wrap_closure, optimizer, closure)
+        closure = partial(self._wrap_closure, model, optimizer, closure)
+        closure_result = optimizer.step(closure=closure, **kwargs)
+        torch_xla.sync()
+        if model.automatic_optimization and closure_result is None:
+            raise MisconfigurationException(
+                "`training_step` returned None, which skips backward. Skipping backward is not supported on XLA"
+                " with automatic optimization: return the loss, or use manual optimization"
+                " (`self.automatic_optimization = False`)."
+            )
+        return closure_result
+
+
+class TPUPrecisionPlugin(XLAPrecision):
+    """Legacy name of ``XLAPrecision("32-true")``; warns that it is deprecated."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        rank_zero_deprecation("`TPUPrecisionPlugin` is deprecated. Use `xla_plugins.XLAPrecision('32-true')` instead.")
+        super().__init__("32-true")
+
+
+class TPUBf16PrecisionPlugin(XLAPrecision):
+    """Legacy name of ``XLAPrecision("bf16-true")``; warns that it is deprecated."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        rank_zero_deprecation("`TPUBf16PrecisionPlugin` is deprecated. Use `xla_plugins.XLAPrecision('bf16-true')` instead.")
+        super().__init__("bf16-true")

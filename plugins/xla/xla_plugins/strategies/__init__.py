@@ -1,0 +1,1 @@
+"""XLA strategies: single device, multi-device (one worker per device) and SPMD."""

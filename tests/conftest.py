@@ -1,0 +1,65 @@
+"""Shared test helpers. Tests run against the *installed* trainer-plugins and xla-plugins wheels."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping
+from typing import Optional
+
+import pytest
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+#: Whether torch_xla is installed (absent in the core-only tox environment).
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xla: needs torch_xla (deselected in the core-only environment)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_TORCH_XLA:
+        return
+    skip = pytest.mark.skip(reason="torch_xla is not installed")
+    for item in items:
+        if item.get_closest_marker("xla") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_precision_variable_leaks():
+    """Every test must leave no XLA_USE_* variable behind (SPEC: nothing leaks from run to run)."""
+    before = {name: os.environ.get(name) for name in PRECISION_VARIABLES}
+    yield
+    leaked = {name: os.environ[name] for name in PRECISION_VARIABLES if name in os.environ and before[name] is None}
+    for name in leaked:
+        del os.environ[name]
+    assert not leaked, f"test leaked {leaked}"
+
+
+def run_python(
+    code: str, env: Optional[Mapping[str, Optional[str]]] = None, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter of this environment; ``env`` updates os.environ (None values unset)."""
+    environ = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result

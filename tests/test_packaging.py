@@ -1,0 +1,72 @@
+"""Discovery through the installed distributions, and what happens at interpreter start-up."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import distribution, files
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from conftest import run_python
+
+
+def test_xla_plugins_advertises_its_hook_module_in_the_trainer_plugins_group():
+    dist = distribution("xla-plugins")
+    entry_points = [(ep.name, ep.value) for ep in dist.entry_points if ep.group == "trainer_plugins"]
+    assert entry_points == [("xla", "xla_plugins._hooks")]
+
+
+def test_xla_plugins_depends_on_the_core_lightning_torch_and_torch_xla():
+    requires = {canonicalize_name(Requirement(line).name) for line in distribution("xla-plugins").requires or []}
+    assert requires == {"trainer-plugins", "lightning", "torch", "torch-xla"}
+
+
+def test_core_wheel_installs_the_startup_pth_file_and_its_module():
+    installed = {str(path) for path in files("trainer-plugins") or []}
+    assert {"trainer_plugins.pth", "_trainer_plugins_autoload.py"} <= installed
+
+
+def test_discovery_finds_the_xla_distribution_without_importing_torch_lightning_or_torch_xla():
+    result = run_python(
+        """
+        import json, sys
+        import trainer_plugins
+        record = trainer_plugins.get_plugin_manager().records["xla"]
+        catalog = trainer_plugins.get_catalog()
+        print(json.dumps({
+            "record": [record.distribution, record.version, record.state, record.value],
+            "accelerators": catalog.names("accelerator", "trainer"),
+            "imported": sorted(m for m in ("torch", "torch_xla", "lightning") if m in sys.modules),
+        }))
+        """
+    )
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["record"] == ["xla-plugins", distribution("xla-plugins").version, "loaded", "xla_plugins._hooks"]
+    assert {"xla", "tpu", "cpu"} <= set(found["accelerators"])
+    assert found["imported"] == []
+
+
+STARTUP_PROBE = """
+import json, sys
+print(json.dumps({
+    "hook_armed": any(type(f).__name__ == "LightningImportHook" for f in sys.meta_path),
+    "imported": sorted(m for m in ("torch", "lightning", "torch_xla", "pluggy", "trainer_plugins") if m in sys.modules),
+}))
+"""
+
+
+def test_interpreter_start_arms_the_import_hook_and_imports_nothing_heavy():
+    found = json.loads(run_python(STARTUP_PROBE, env={"TRAINER_PLUGINS_AUTOLOAD": None}).stdout)
+    assert found == {"hook_armed": True, "imported": []}
+
+
+def test_autoload_off_switch_leaves_the_interpreter_untouched():
+    found = json.loads(run_python(STARTUP_PROBE, env={"TRAINER_PLUGINS_AUTOLOAD": "0"}).stdout)
+    assert found == {"hook_armed": False, "imported": []}
+
+
+def test_an_unreadable_autoload_value_is_reported_at_startup_and_leaves_autoload_off():
+    result = run_python(STARTUP_PROBE, env={"TRAINER_PLUGINS_AUTOLOAD": "maybe"})
+    assert json.loads(result.stdout)["hook_armed"] is False
+    assert "TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood" in result.stderr
