@@ -2,10 +2,11 @@
 
 At interpreter start it only *arms* an import hook; it imports nothing but ``os`` and ``sys`` (no
 torch, no Lightning, no plugin). When the ``lightning`` package has finished importing (any
-``import lightning...`` runs its ``__init__`` first, which loads Trainer and Fabric), the hook calls
-:func:`trainer_plugins.install`, which points Trainer and Fabric at the plugin-aware connectors.
-Set ``TRAINER_PLUGINS_AUTOLOAD=0`` to switch this off; then call ``trainer_plugins.install()``
-to attach explicitly.
+``import lightning...`` runs its ``__init__`` first, which loads Trainer and Fabric), the hook
+:func:`attach` es: Trainer and Fabric then build the plugin-aware connectors of
+:mod:`trainer_plugins._lightning`, which are imported on the first ``Trainer(...)``/``Fabric(...)``.
+Set ``TRAINER_PLUGINS_AUTOLOAD=0`` to switch this off; ``trainer_plugins.install()`` attaches
+explicitly.
 """
 
 import os
@@ -14,6 +15,12 @@ import sys
 AUTOLOAD_VARIABLE = "TRAINER_PLUGINS_AUTOLOAD"
 #: The package after whose import the hook attaches (its ``__init__`` imports Trainer and Fabric).
 WATCHED_MODULE = "lightning"
+#: Lightning module -> (the connector class it builds, the name of our replacement in trainer_plugins._lightning).
+TARGETS = {
+    "lightning.pytorch.trainer.trainer": ("_AcceleratorConnector", "TrainerConnector"),
+    "lightning.fabric.fabric": ("_Connector", "FabricConnector"),
+}
+_originals = {}
 
 _OFF = frozenset({"0", "false", "no", "off"})
 _ON = frozenset({"", "1", "true", "yes", "on"})
@@ -57,21 +64,45 @@ def _attach_after_exec(loader):
 
     def exec_and_attach(module):
         exec_module(module)
-        try:
-            from trainer_plugins._lightning import install
-
-            install()
-        except Exception as error:  # never break `import lightning`
-            import warnings
-
-            warnings.warn(
-                f"trainer-plugins could not attach to Lightning ({error!r}); Lightning runs without plugins."
-                f" Set {AUTOLOAD_VARIABLE}=0 to silence this.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        attach()
 
     loader.exec_module = exec_and_attach
+
+
+def _connector_factory(class_name):
+    """A stand-in for Lightning's connector class that builds ours, importing it on first use."""
+
+    def build_connector(*args, **kwargs):
+        from trainer_plugins import _lightning
+
+        return getattr(_lightning, class_name)(*args, **kwargs)
+
+    build_connector.trainer_plugins_connector = class_name
+    return build_connector
+
+
+def attach():
+    """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent)."""
+    for module_name, (attribute, class_name) in TARGETS.items():
+        module = sys.modules.get(module_name)
+        if module is None or attached_to(module_name):
+            continue
+        _originals[module_name] = getattr(module, attribute)
+        setattr(module, attribute, _connector_factory(class_name))
+
+
+def detach():
+    """Give the Lightning modules back their own connector classes."""
+    for module_name, original in list(_originals.items()):
+        setattr(sys.modules[module_name], TARGETS[module_name][0], original)
+        del _originals[module_name]
+
+
+def attached_to(module_name):
+    """Whether the Lightning module ``module_name`` currently builds the plugin-aware connector."""
+    module = sys.modules.get(module_name)
+    attribute = TARGETS[module_name][0]
+    return module is not None and hasattr(getattr(module, attribute, None), "trainer_plugins_connector")
 
 
 def arm():

@@ -63,3 +63,26 @@ def run_python(
     if check and result.returncode != 0:
         raise AssertionError(f"subprocess failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+@pytest.fixture
+def extra_plugins():
+    """Register in-memory plugins in the process-wide manager for one test: ``extra_plugins(name, plugin)``."""
+    import trainer_plugins
+    from trainer_plugins import PluginRecord
+    from trainer_plugins._catalog import reset_catalogs
+
+    added: list[str] = []
+
+    def register(name: str, plugin: object, distribution: str = "test-dist", version: str = "1.0") -> None:
+        trainer_plugins.get_plugin_manager().register_plugin(plugin, PluginRecord(name, f"tests.{name}", distribution, version))
+        added.append(name)
+        reset_catalogs()
+
+    yield register
+    manager = trainer_plugins.get_plugin_manager()
+    for name in added:
+        if manager.get_plugin(name) is not None:
+            manager.unregister(name=name)
+        manager.records.pop(name, None)
+    reset_catalogs()

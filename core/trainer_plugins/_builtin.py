@@ -8,8 +8,9 @@ registries.
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Optional
+from typing import Any, Optional
 
 from trainer_plugins._entries import AcceleratorEntry, EnvironmentEntry, PrecisionEntry, StrategyEntry
 from trainer_plugins._hookspecs import hookimpl
@@ -19,12 +20,17 @@ TRAINER_PLUGINS_API = ">=1.0,<2"
 _PL, _FAB = "lightning.pytorch", "lightning.fabric"
 
 
-def lightning_version() -> Optional[str]:
-    """The installed ``lightning`` distribution's version (from metadata, without importing it)."""
+def installed_version(distribution: str) -> Optional[str]:
+    """The installed version of ``distribution`` from its metadata (no import), or ``None``."""
     try:
-        return version("lightning")
+        return version(distribution)
     except PackageNotFoundError:
         return None
+
+
+def lightning_version() -> Optional[str]:
+    """The installed ``lightning`` distribution's version (from metadata, without importing it)."""
+    return installed_version("lightning")
 
 
 def _both(module: str, cls: str) -> dict[str, str]:
@@ -115,3 +121,13 @@ def trainer_plugins_precisions() -> tuple[PrecisionEntry, ...]:
 @hookimpl
 def trainer_plugins_environments() -> tuple[EnvironmentEntry, ...]:
     return ENVIRONMENTS
+
+
+@hookimpl
+def trainer_plugins_doctor() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "lightning": installed_version("lightning") or "not installed",
+        "torch": installed_version("torch") or "not installed",
+        "trainer-plugins": installed_version("trainer-plugins") or "not installed",
+    }

@@ -68,11 +68,18 @@ class Conflict:
 
 @dataclass
 class Catalog:
-    """Name -> claim for each role, built from the declaration hooks of a plugin manager."""
+    """Name -> claim for each role, built from the declaration hooks of a plugin manager.
+
+    Attributes:
+        claims: role -> name -> the winning claim.
+        conflicts: names claimed by more than one plugin, with the outcome.
+        declared: plugin name -> every claim it made, won or lost (for listings).
+    """
 
     manager: PluginManager
     claims: dict[str, dict[str, Claim]] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
+    declared: dict[str, list[Claim]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, manager: PluginManager) -> Catalog:
@@ -83,7 +90,9 @@ class Catalog:
             for record, entries in manager.call_each(hook):
                 for entry in _checked_entries(manager, record, role, entries):
                     for name in entry.names:
-                        wanted.setdefault(name, []).append(Claim(name, entry, record))
+                        claim = Claim(name, entry, record)
+                        wanted.setdefault(name, []).append(claim)
+                        catalog.declared.setdefault(record.name, []).append(claim)
             catalog.claims[role] = {}
             for name, claims in wanted.items():
                 winner = catalog._resolve(role, name, claims)
@@ -103,7 +112,7 @@ class Catalog:
             winner = builtin[0]
         else:
             winner = None
-        conflict = Conflict(role, name, claims, winner)
+        conflict = Conflict(role, name, sorted(claims, key=lambda c: (not c.builtin, c.plugin.name)), winner)
         if len({claim.plugin.name for claim in claims}) > 1:
             self.conflicts.append(conflict)
             if winner is None or winner.builtin:

@@ -53,7 +53,7 @@ class Explanation(list):  # type: ignore[type-arg]
 
     def summary(self) -> str:
         """One line: each role's choice and the plugin that supplied it."""
-        return "; ".join(f"{d.role}={d.choice.split(' ')[0]} [{d.plugin}]" for d in self)
+        return "; ".join(f"{d.role}={d.choice.split(' (')[0]} [{d.plugin}]" for d in self)
 
     def __str__(self) -> str:
         width = max((len(d.role) for d in self), default=0)
@@ -96,12 +96,17 @@ class Connector:
         A second note for a role already decided (the object built from a chosen name) only
         refines the recorded choice; the first decision's plugin and reason stay.
         """
-        text = choice if isinstance(choice, str) else describe(choice)
+        text = choice if isinstance(choice, str) else self._describe(role, choice)
         for index, decision in enumerate(self.explanation):
             if decision.role == role:
                 self.explanation[index] = Decision(role, text, decision.plugin, decision.reason)
                 return
         self.explanation.append(Decision(role, text, plugin, reason))
+
+    def _describe(self, role: str, obj: Any) -> str:
+        """``"registered-name (module.Class)"`` when a catalogue entry owns ``obj``'s class, else the class."""
+        claim = self.catalog.owner_of(obj, role, self.api) if role in self.catalog.claims else None
+        return f"{claim.entry.name} ({describe(obj)})" if claim is not None else describe(obj)
 
     def _owners(self, **objects: Any) -> frozenset[str]:
         """Names of the plugins whose classes ``objects`` (role=object) are instances of."""
@@ -295,6 +300,13 @@ class Connector:
             parallel_devices=parallel_devices,
             api=self.api,
         )
+        judges = sorted(self.catalog.manager.record_of(name).label for name in owners)
+        self._add_reason("strategy", f"pairing accepted by {', '.join(judges)}" if judges else "")
+
+    def _add_reason(self, role: str, text: str) -> None:
+        for index, decision in enumerate(self.explanation):
+            if decision.role == role and text:
+                self.explanation[index] = Decision(role, decision.choice, decision.plugin, f"{decision.reason}; {text}")
 
     # --- precision -------------------------------------------------------------------------------
 

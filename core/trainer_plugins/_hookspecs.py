@@ -135,6 +135,19 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
     """
 
 
+# --- diagnostics: called by `trainer-plugins doctor` -------------------------------------------
+
+
+@hookspec
+def trainer_plugins_doctor() -> Optional[dict[str, Any]]:
+    """Describe the environment of this plugin's backend for ``trainer-plugins doctor``.
+
+    Returns:
+        Ordered ``{label: value}`` pairs (versions, selected device, device count, runtime, ...),
+        or ``None`` when the backend is not installed. May import and start the backend's runtime.
+    """
+
+
 #: The declaration hook of each role, in the order roles are resolved.
 DECLARATION_HOOKS = {
     "accelerator": "trainer_plugins_accelerators",

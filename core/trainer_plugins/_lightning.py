@@ -5,14 +5,12 @@
 private methods (unchanged from Lightning 2.0 to 2.6). :class:`TrainerConnector` and
 :class:`FabricConnector` subclass them and override only the *decision* methods: each asks the
 plugins through :class:`~trainer_plugins._connector.Connector` first and falls back to Lightning's
-own method when no plugin answers. :func:`patch_module` makes ``trainer.py``/``fabric.py`` build
-the subclass instead; nothing else in Lightning is touched.
+own method when no plugin answers. :func:`trainer_plugins.install` (or the start-up hook) makes
+``trainer.py``/``fabric.py`` build the subclasses instead; nothing else in Lightning is touched.
 """
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
 from typing import Any, ClassVar
 
 from lightning.fabric.connector import _Connector
@@ -44,19 +42,26 @@ class _PluginConnectorMixin:
 
     def _check_config_and_set_final_flags(self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any) -> None:
         connector = self.plugin_connector = Connector(self._api)
-        lightning_accelerators = list(getattr(self, self._accelerator_names_attr))
-        connector.check_name("accelerator", accelerator, lightning_accelerators)
-        connector.check_name("strategy", strategy, list(self._registered_strategies))
-        setattr(self, self._accelerator_names_attr, [*lightning_accelerators, *connector.names("accelerator")])
-        self._registered_strategies = [*self._registered_strategies, *connector.names("strategy")]
+        lightning_accelerators = getattr(self, self._accelerator_names_attr)
+        lightning_strategies = self._registered_strategies
+        connector.check_name("accelerator", accelerator, list(lightning_accelerators))
+        connector.check_name("strategy", strategy, list(lightning_strategies))
         self._precision_as_given = precision
-        super()._check_config_and_set_final_flags(  # type: ignore[misc]
-            strategy=connector.canonical("strategy", strategy),
-            accelerator=connector.canonical("accelerator", accelerator),
-            precision=precision,
-            plugins=plugins,
-            **kwargs,
-        )
+        # Lightning validates names against these lists; plugin names pass for the duration of the
+        # check only, as Lightning's later error messages look each listed name up in its registry.
+        setattr(self, self._accelerator_names_attr, [*lightning_accelerators, *connector.names("accelerator")])
+        self._registered_strategies = [*lightning_strategies, *connector.names("strategy")]
+        try:
+            super()._check_config_and_set_final_flags(  # type: ignore[misc]
+                strategy=connector.canonical("strategy", strategy),
+                accelerator=connector.canonical("accelerator", accelerator),
+                precision=precision,
+                plugins=plugins,
+                **kwargs,
+            )
+        finally:
+            setattr(self, self._accelerator_names_attr, lightning_accelerators)
+            self._registered_strategies = lightning_strategies
 
     def _choose_auto_accelerator(self) -> str:
         return self.plugin_connector.choose_auto_accelerator()
@@ -150,47 +155,6 @@ class FabricConnector(_PluginConnectorMixin, _Connector):
     _accelerator_names_attr = "_registered_accelerators"
     _precision_attr = "_precision_input"
     _precision_instance_attr = "_precision_instance"
-
-
-#: Lightning module -> (name of the connector class it builds, our replacement).
-TARGETS: dict[str, tuple[str, type]] = {
-    "lightning.pytorch.trainer.trainer": ("_AcceleratorConnector", TrainerConnector),
-    "lightning.fabric.fabric": ("_Connector", FabricConnector),
-}
-_originals: dict[str, Any] = {}
-
-
-def patch_module(module: ModuleType) -> None:
-    """Make a Lightning module of :data:`TARGETS` build the plugin-aware connector (idempotent)."""
-    attribute, replacement = TARGETS[module.__name__]
-    current = getattr(module, attribute)
-    if current is not replacement:
-        _originals[module.__name__] = current
-        setattr(module, attribute, replacement)
-
-
-def install() -> None:
-    """Attach to ``lightning.Trainer`` and ``lightning.Fabric`` now (imports Lightning)."""
-    import lightning.fabric.fabric  # noqa: F401
-    import lightning.pytorch.trainer.trainer  # noqa: F401
-
-    for name in TARGETS:
-        patch_module(sys.modules[name])
-
-
-def uninstall() -> None:
-    """Give Trainer and Fabric back their own connectors."""
-    for name, original in list(_originals.items()):
-        setattr(sys.modules[name], TARGETS[name][0], original)
-        del _originals[name]
-
-
-def installed() -> bool:
-    """Whether Trainer and Fabric currently build the plugin-aware connectors."""
-    return all(
-        name in sys.modules and getattr(sys.modules[name], attribute) is replacement
-        for name, (attribute, replacement) in TARGETS.items()
-    )
 
 
 def explain(api: str = "trainer", **flags: Any) -> Any:

@@ -177,20 +177,35 @@ class PluginManager(pluggy.PluginManager):
 
     # --- guarded calls ---------------------------------------------------------------------------
 
-    def call_each(self, hook_name: str, owners: frozenset[str] = frozenset(), **kwargs: Any) -> list[tuple[PluginRecord, Any]]:
-        """Call every implementation of ``hook_name``; return ``(record, result)`` for each non-``None`` result."""
+    def call_each(
+        self, hook_name: str, owners: Optional[frozenset[str]] = None, **kwargs: Any
+    ) -> list[tuple[PluginRecord, Any]]:
+        """Call every implementation of ``hook_name``; return ``(record, result)`` for each non-``None`` result.
+
+        Args:
+            hook_name: a hook of :mod:`trainer_plugins._hookspecs`.
+            owners: ``None`` for declaration and probe hooks; for decision hooks, the names of the
+                plugins whose objects the call is about (see :meth:`_call`).
+            **kwargs: every argument of the hook specification.
+        """
         return list(self._call(hook_name, owners, kwargs))
 
-    def call_first(self, hook_name: str, owners: frozenset[str] = frozenset(), **kwargs: Any) -> Optional[tuple[PluginRecord, Any]]:
+    def call_first(
+        self, hook_name: str, owners: Optional[frozenset[str]] = None, **kwargs: Any
+    ) -> Optional[tuple[PluginRecord, Any]]:
         """Call implementations of ``hook_name`` until one returns non-``None``; return it with its record."""
         return next(self._call(hook_name, owners, kwargs), None)
 
-    def _call(self, hook_name: str, owners: frozenset[str], kwargs: Mapping[str, Any]) -> Iterator[tuple[PluginRecord, Any]]:
+    def _call(
+        self, hook_name: str, owners: Optional[frozenset[str]], kwargs: Mapping[str, Any]
+    ) -> Iterator[tuple[PluginRecord, Any]]:
         """Yield ``(record, result)`` per implementation, in pluggy's call order.
 
-        An exception from a plugin named in ``owners`` (the plugins whose objects the call is about)
-        propagates: user errors (``USER_ERRORS``) unchanged, anything else as :class:`PluginError`.
-        An exception from any other plugin quarantines that plugin and the call goes on.
+        Declaration and probe hooks (``owners is None``): any exception quarantines its plugin.
+        Decision hooks: a user error (:data:`USER_ERRORS`) is the plugin rejecting the user's
+        configuration and propagates unchanged. Any other exception is a bug: from a plugin in
+        ``owners`` (whose objects the call is about) it propagates as :class:`PluginError`; from
+        any other plugin it quarantines that plugin and the call goes on.
         """
         for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
             name = self.get_name(impl.plugin)
@@ -200,11 +215,11 @@ class PluginManager(pluggy.PluginManager):
             try:
                 result = impl.function(*(kwargs[arg] for arg in impl.argnames))
             except Exception as error:
-                if name not in owners:
+                if owners is not None and isinstance(error, USER_ERRORS):
+                    raise
+                if owners is None or name not in owners:
                     self._quarantine(record, f"hook {hook_name} raised", error)
                     continue
-                if isinstance(error, USER_ERRORS):
-                    raise
                 raise PluginError(f"plugin {record.label} failed in {hook_name}: {type(error).__name__}: {error}") from error
             if result is not None:
                 yield record, result

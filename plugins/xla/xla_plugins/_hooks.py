@@ -141,3 +141,10 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
             "The multi-device XLA strategy ('xla') cannot run on a single device."
             " Use strategy='single_xla' (or strategy='auto') for one device."
         )
+
+
+@hookimpl
+def trainer_plugins_doctor() -> dict[str, Any]:
+    from xla_plugins import _runtime
+
+    return _runtime.describe()

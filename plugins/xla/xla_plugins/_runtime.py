@@ -175,3 +175,29 @@ def auto_candidate() -> bool:
     from torch_xla._internal import tpu
 
     return tpu.num_available_chips() > 0
+
+
+def describe() -> dict[str, object]:
+    """What ``trainer-plugins doctor`` shows for XLA: versions, PJRT device, device count, runtime.
+
+    Starts the PJRT runtime (in a probe process) to count devices; failures are reported as values.
+    """
+    info: dict[str, object] = {
+        "torch": _version_or("torch"),
+        "torch_xla": _version_or("torch_xla"),
+        "PJRT_DEVICE": os.environ.get("PJRT_DEVICE") or "(unset: torch_xla picks a TPU if attached, else CPU)",
+    }
+    try:
+        info["runtime"] = "PJRT" if require_torch_xla() is not None else "?"
+        info["device type"] = device_type()
+        info["device count"] = device_count()
+    except (ModuleNotFoundError, RuntimeError) as error:
+        info["error"] = f"{type(error).__name__}: {error}"
+    return info
+
+
+def _version_or(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "not installed"

@@ -6,7 +6,6 @@ import os
 from typing import Any, Union
 
 import torch
-from lightning.fabric.utilities.device_parser import _check_data_type
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from lightning.pytorch.accelerators.xla import XLAAccelerator as _LightningXLAAccelerator
 from typing_extensions import override
@@ -64,7 +63,8 @@ class XLAAccelerator(_LightningXLAAccelerator):
             TypeError: ``devices`` is not an int, a str or a sequence of ints (``None``, ``True``, ...).
             ValueError: any other value; the message names it and lists ``'auto', 1, N or [0-(N-1)]``.
         """
-        _check_data_type(devices)
+        if not _is_devices_value(devices):
+            raise TypeError(f"`devices` for XLA must be 'auto', an int, a string or a list of ints, got {devices!r}.")
         if isinstance(devices, str):
             devices = _parse_device_string(devices)
         count = XLAAccelerator.auto_device_count()
@@ -135,6 +135,13 @@ class TPUAccelerator(XLAAccelerator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         rank_zero_deprecation("`TPUAccelerator` is deprecated. Use `xla_plugins.XLAAccelerator` (accelerator='xla') instead.")
         super().__init__(*args, **kwargs)
+
+
+def _is_devices_value(devices: object) -> bool:
+    """Whether ``devices`` has a type ``devices=`` accepts (bools are not ints here)."""
+    if isinstance(devices, (list, tuple)):
+        return all(type(index) is int for index in devices)
+    return type(devices) in (int, str)
 
 
 def _parse_device_string(devices: str) -> Union[int, list[int]]:

@@ -1,0 +1,136 @@
+"""The ``trainer-plugins`` console command: ``list``, ``doctor`` and ``explain``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from trainer_plugins._catalog import Catalog, get_catalog
+
+
+def plugin_listing(catalog: Catalog) -> dict[str, Any]:
+    """Every discovered plugin with its state and the names it provides per role, plus conflicts.
+
+    Builds only the catalogue: imports plugin hook modules, never a device runtime.
+    """
+    plugins = []
+    for record in catalog.manager.records.values():
+        provides: dict[str, list[dict[str, Any]]] = {}
+        for claim in catalog.declared.get(record.name, []):
+            winner = catalog.claims.get(claim.entry.role, {}).get(claim.name)
+            provides.setdefault(claim.entry.role, []).append(
+                {
+                    "name": claim.name,
+                    "trainer": claim.entry.trainer,
+                    "fabric": claim.entry.fabric,
+                    "deprecated": claim.deprecated,
+                    "active": winner is claim,
+                }
+            )
+        plugins.append(
+            {
+                "name": record.name,
+                "distribution": record.distribution,
+                "version": record.version,
+                "state": record.state,
+                "reason": record.reason,
+                "api": record.api,
+                "provides": provides,
+            }
+        )
+    return {"plugins": plugins, "conflicts": [conflict.describe() for conflict in catalog.conflicts]}
+
+
+def _print_listing(listing: dict[str, Any]) -> None:
+    for plugin in listing["plugins"]:
+        origin = f"{plugin['distribution']} {plugin['version']}" if plugin["distribution"] else "registered from code"
+        reason = f" ({plugin['reason']})" if plugin["reason"] else ""
+        print(f"{plugin['name']}  [{origin}]  {plugin['state']}{reason}")
+        for role, names in plugin["provides"].items():
+            shown = []
+            for item in names:
+                marks = [mark for mark, on in (("deprecated", item["deprecated"]), ("not active", not item["active"])) if on]
+                shown.append(item["name"] + (f" ({', '.join(marks)})" if marks else ""))
+            print(f"    {role}: {', '.join(shown)}")
+    if listing["conflicts"]:
+        print("conflicts:")
+        for line in listing["conflicts"]:
+            print(f"    {line}")
+
+
+def _doctor(catalog: Catalog) -> dict[str, Any]:
+    report = {record.label: info for record, info in catalog.manager.call_each("trainer_plugins_doctor")}
+    broken = {record.label: record.reason for record in catalog.manager.quarantined()}
+    return {"backends": report, "quarantined": broken}
+
+
+def _explain(args: argparse.Namespace) -> Any:
+    from trainer_plugins._lightning import explain
+
+    flags = {
+        "accelerator": args.accelerator,
+        "devices": args.devices,
+        "strategy": args.strategy,
+        "num_nodes": args.num_nodes,
+        "precision": args.precision,
+    }
+    return explain(args.api, **flags)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainer-plugins", description="Inspect trainer-plugins plugins.")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="every discovered plugin, its state and the names it provides")
+    commands.add_parser("doctor", help="the environment of each backend (may start device runtimes)")
+    explain = commands.add_parser("explain", help="which plugin supplies each role for the given flags, and why")
+    explain.add_argument("--api", choices=("trainer", "fabric"), default="trainer")
+    explain.add_argument("--accelerator", default="auto")
+    explain.add_argument("--devices", default="auto")
+    explain.add_argument("--strategy", default="auto")
+    explain.add_argument("--num-nodes", type=int, default=1)
+    explain.add_argument("--precision", default=None)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``trainer-plugins`` command; returns the exit status.
+
+    Exit status: 0 on success, 1 when ``explain`` rejects the flags (the error is printed to
+    stderr), 2 on a usage error (argparse).
+    """
+    args = _parser().parse_args(argv)
+    if args.command == "explain":
+        try:
+            explanation = _explain(args)
+        except Exception as error:  # the flags were rejected: report it like the Trainer would raise it
+            print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
+        print(json.dumps(explanation.as_dicts(), indent=2) if args.json else explanation)
+        return 0
+    catalog = get_catalog()
+    if args.command == "list":
+        listing = plugin_listing(catalog)
+        if args.json:
+            print(json.dumps(listing, indent=2))
+        else:
+            _print_listing(listing)
+        return 0
+    report = _doctor(catalog)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    for backend, info in report["backends"].items():
+        print(backend)
+        for key, value in info.items():
+            print(f"    {key}: {value}")
+    for label, reason in report["quarantined"].items():
+        print(f"{label}\n    quarantined: {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Attaching to and detaching from ``lightning.Trainer`` and ``lightning.Fabric`` from code."""
+
+from __future__ import annotations
+
+import _trainer_plugins_autoload as _autoload
+
+
+def install() -> None:
+    """Make ``lightning.Trainer`` and ``lightning.Fabric`` ask the plugins (imports Lightning; idempotent).
+
+    This is what the start-up hook does automatically unless ``TRAINER_PLUGINS_AUTOLOAD=0``.
+    """
+    import lightning  # noqa: F401 - loads the Trainer and Fabric modules
+
+    _autoload.attach()
+
+
+def uninstall() -> None:
+    """Give ``lightning.Trainer`` and ``lightning.Fabric`` back Lightning's own connectors."""
+    _autoload.detach()
+
+
+def installed() -> bool:
+    """Whether both Trainer and Fabric currently build the plugin-aware connectors."""
+    return all(_autoload.attached_to(name) for name in _autoload.TARGETS)

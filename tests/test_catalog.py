@@ -1,0 +1,73 @@
+"""The catalogue of names and its conflict rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugin_helpers import catalog_with, make_plugin
+from trainer_plugins import AcceleratorEntry, PluginConflictError, PluginWarning, StrategyEntry
+
+
+def provides_strategy(name: str, override: bool = False, cls: str = "pkg.mod:Strategy"):
+    return make_plugin(strategies=lambda: [StrategyEntry(name, trainer=cls, override=override)])
+
+
+def test_a_plugin_cannot_take_a_lightning_name_without_override():
+    with pytest.warns(PluginWarning, match=r"strategy 'ddp' is claimed by lightning \(lightning 2.x\), npu \(npu-dist 1.0\); lightning \(lightning 2.x\) wins"):
+        catalog = catalog_with(("npu", provides_strategy("ddp")))
+    assert catalog.find("strategy", "ddp").plugin.name == "lightning"
+    assert [c.describe() for c in catalog.conflicts] == [
+        "strategy 'ddp' is claimed by lightning (lightning 2.x), npu (npu-dist 1.0); lightning (lightning 2.x) wins"
+    ]
+
+
+def test_override_takes_a_lightning_name_and_the_takeover_is_reported():
+    catalog = catalog_with(("npu", provides_strategy("ddp", override=True)))
+    assert catalog.find("strategy", "ddp").plugin.name == "npu"
+    assert "npu (npu-dist 1.0) wins" in catalog.conflicts[0].describe()
+
+
+def test_two_plugins_claiming_one_name_without_override_both_lose_it():
+    with pytest.warns(PluginWarning, match="none declared override=True"):
+        catalog = catalog_with(("first", provides_strategy("fast")), ("second", provides_strategy("fast")))
+    with pytest.raises(PluginConflictError, match=r"strategy 'fast' is claimed by first \(first-dist 1.0\), second \(second-dist 1.0\)"):
+        catalog.find("strategy", "fast")
+    assert "fast" not in catalog.names("strategy", "trainer")
+
+
+def test_two_plugins_claiming_one_name_one_with_override_gives_it_to_the_override():
+    catalog = catalog_with(("first", provides_strategy("fast")), ("second", provides_strategy("fast", override=True)))
+    assert catalog.find("strategy", "fast").plugin.name == "second"
+
+
+def test_names_are_listed_per_api():
+    plugin = make_plugin(strategies=lambda: [StrategyEntry("fabric_only", fabric="pkg:S"), StrategyEntry("both", trainer="a:S", fabric="b:S")])
+    catalog = catalog_with(("p", plugin), builtin=False)
+    assert catalog.names("strategy", "trainer") == ["both"]
+    assert catalog.names("strategy", "fabric") == ["both", "fabric_only"]
+
+
+def test_deprecated_aliases_resolve_to_their_entry_but_are_listed_only_on_request():
+    plugin = make_plugin(strategies=lambda: [StrategyEntry("new", trainer="a:S", deprecated_aliases=("old",))])
+    catalog = catalog_with(("p", plugin), builtin=False)
+    assert catalog.find("strategy", "old").deprecated and catalog.find("strategy", "old").entry.name == "new"
+    assert catalog.names("strategy", "trainer") == ["new"]
+    assert catalog.names("strategy", "trainer", include_deprecated=True) == ["new", "old"]
+
+
+def test_a_malformed_declaration_quarantines_its_plugin():
+    with pytest.warns(PluginWarning, match="trainer_plugins_accelerators must return a list of AcceleratorEntry"):
+        catalog = catalog_with(("npu", make_plugin(accelerators=lambda: ["npu"])))
+    assert catalog.manager.records["npu"].state == "quarantined"
+
+
+def test_owner_of_finds_the_closest_declared_class_in_the_mro():
+    pytest.importorskip("lightning")
+    catalog = catalog_with(("fake", make_plugin(accelerators=lambda: [AcceleratorEntry("fake", trainer="fake_accelerators:FakeAccelerator")])))
+    from fake_accelerators import FakeAccelerator, SubFakeAccelerator
+
+    assert catalog.owner_of(SubFakeAccelerator(), "accelerator", "trainer").plugin.name == "fake"
+    assert catalog.owner_of(FakeAccelerator(), "accelerator", "trainer").entry.name == "fake"
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    assert catalog.owner_of(CPUAccelerator(), "accelerator", "trainer").plugin.name == "lightning"

@@ -1,0 +1,90 @@
+"""The connector asks third-party plugins: "auto" priority and availability, pins, strategy fallback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+L = pytest.importorskip("lightning")
+import torch  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # noqa: E402
+
+from plugin_helpers import make_plugin  # noqa: E402
+from trainer_plugins import AcceleratorEntry, PluginError, PluginWarning  # noqa: E402
+
+FAKE = "fake_accelerators:FakeAccelerator"
+
+
+def accelerator_plugin(name: str, priority, available, **hooks):
+    def probe(name_asked):
+        if name_asked != name:
+            return None
+        if isinstance(available, Exception):
+            raise available
+        return available
+
+    return make_plugin(
+        accelerators=lambda: [AcceleratorEntry(name, trainer=FAKE, auto_priority=priority)],
+        accelerator_available=lambda name: probe(name),
+        **hooks,
+    )
+
+
+def auto_accelerator() -> str:
+    return L.Trainer(logger=False)._accelerator_connector.plugin_connector.explanation.as_dicts()[0]["choice"]
+
+
+def test_auto_picks_the_available_plugin_accelerator_with_the_highest_priority(extra_plugins):
+    extra_plugins("low", accelerator_plugin("low_npu", 5, True))
+    extra_plugins("high", accelerator_plugin("high_npu", 50, True))
+    extra_plugins("absent", accelerator_plugin("absent_npu", 500, False))
+    assert auto_accelerator().startswith("high_npu ")
+
+
+def test_an_unavailable_plugin_accelerator_leaves_auto_to_lightnings_choice(extra_plugins):
+    extra_plugins("absent", accelerator_plugin("absent_npu", 500, False))
+    assert auto_accelerator().startswith("cpu ")
+
+
+def test_a_probe_that_raises_quarantines_its_plugin_and_auto_goes_on(extra_plugins):
+    extra_plugins("broken", accelerator_plugin("broken_npu", 500, OSError("driver missing")), "broken-dist", "0.3")
+    with pytest.warns(PluginWarning, match=r"broken \(broken-dist 0.3\): hook trainer_plugins_accelerator_available raised: OSError"):
+        assert auto_accelerator().startswith("cpu ")
+    with pytest.raises(PluginError, match=r"plugin broken \(broken-dist 0.3\) cannot provide accelerator 'broken_npu': it is quarantined: .*OSError: driver missing"):
+        L.Trainer(accelerator="broken_npu", logger=False)
+
+
+def test_a_pin_decides_what_auto_means(extra_plugins, monkeypatch):
+    extra_plugins("high", accelerator_plugin("high_npu", 50, True))
+    monkeypatch.setenv("TRAINER_PLUGINS_PIN_ACCELERATOR", "cpu")
+    rows = L.Trainer(logger=False)._accelerator_connector.plugin_connector.explanation.as_dicts()
+    assert rows[0] == {"role": "accelerator", "choice": "cpu (lightning.pytorch.accelerators.cpu.CPUAccelerator)", "plugin": "controls", "reason": "pinned by TRAINER_PLUGINS_PIN_ACCELERATOR"}
+
+
+def test_a_pin_naming_nothing_is_rejected(monkeypatch):
+    monkeypatch.setenv("TRAINER_PLUGINS_PIN_STRATEGY", "warp_drive")
+    with pytest.raises(ValueError, match="TRAINER_PLUGINS_PIN_STRATEGY='warp_drive' names no strategy; choose one of ddp"):
+        L.Trainer(accelerator="cpu", logger=False)
+
+
+def test_a_plugin_accelerator_whose_plugin_chooses_no_strategy_runs_on_its_own_device(extra_plugins):
+    extra_plugins("npu", accelerator_plugin("npu", None, True))
+    one = L.Trainer(accelerator="npu", devices=1, logger=False)
+    assert type(one.strategy) is SingleDeviceStrategy and one.strategy.root_device == torch.device("cpu")
+    two = L.Trainer(accelerator="npu", devices=2, logger=False)
+    assert type(two.strategy) is DDPStrategy and len(two.strategy.parallel_devices) == 2
+
+
+def test_a_plugin_chooses_the_strategy_for_its_accelerator(extra_plugins):
+    def select(accelerator, parallel_devices):
+        from fake_accelerators import FakeAccelerator
+
+        return "ddp_spawn" if isinstance(accelerator, FakeAccelerator) else None
+
+    extra_plugins("npu", accelerator_plugin("npu", None, True, select_strategy=select))
+    trainer = L.Trainer(accelerator="npu", devices=2, logger=False)
+    assert trainer.strategy._start_method == "spawn"
+    row = trainer._accelerator_connector.plugin_connector.explanation.as_dicts()[3]
+    assert row["role"] == "strategy" and row["plugin"] == "npu (test-dist 1.0)"
+    assert os.environ.get("TRAINER_PLUGINS_PIN_STRATEGY") is None

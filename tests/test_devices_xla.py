@@ -1,0 +1,71 @@
+"""`devices=` for XLA with N real PJRT CPU devices, N = 4 (a TPU v4 host) and N = 8 (v2/v3 hosts).
+
+The count is real: each case runs in a fresh interpreter with CPU_NUM_DEVICES=N, and the plugin
+asks the PJRT runtime. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+pytestmark = pytest.mark.xla
+
+TABLE_SCRIPT = """
+import json, warnings
+import lightning as L
+
+N = {n}
+CASES = ["auto", 1, [0], [N - 1], N, str(N), f"{{N - 1}},", 0, "0", [], None, True, 2, 3, -1, N + 1, [0, 1], "0,1,2", [N], "abc"]
+rows = []
+for devices in CASES:
+    try:
+        trainer = L.Trainer(accelerator="xla", devices=devices, logger=False)
+    except Exception as error:
+        rows.append([repr(devices), type(error).__name__, str(error)])
+        continue
+    connector = trainer._accelerator_connector
+    rows.append([repr(devices), "ok", [str(d) for d in connector._parallel_devices], str(trainer.strategy.root_device) if len(connector._parallel_devices) == 1 else None])
+print(json.dumps(rows))
+"""
+
+
+def table(n: int) -> dict[str, list]:
+    result = run_python(TABLE_SCRIPT.format(n=n), env={"CPU_NUM_DEVICES": str(n), "PJRT_DEVICE": "CPU"})
+    return {row[0]: row[1:] for row in json.loads(result.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_devices_table(n):
+    rows = table(n)
+    every = [f"xla:{i}" for i in range(n)]
+    choices = f"`devices` can only be 'auto', 1, {n} or [0-{n - 1}] for XLA (PJRT_DEVICE=CPU has {n} device(s)), got"
+
+    # accepted values
+    assert rows["'auto'"] == ["ok", every, None]
+    assert rows[repr(n)] == rows[repr(str(n))] == ["ok", every, None]
+    assert rows["1"] == rows["[0]"] == ["ok", ["xla:0"], "xla:0"]
+    assert rows[repr([n - 1])] == rows[repr(f"{n - 1},")] == ["ok", [f"xla:{n - 1}"], f"xla:{n - 1}"]
+
+    # zero devices: Lightning's own check
+    for zero in ("0", "'0'", "[]"):
+        assert rows[zero][0] == "MisconfigurationException" and f"devices={zero}" in rows[zero][1]
+
+    # not a count at all
+    for wrong_type in ("None", "True"):
+        assert rows[wrong_type] == ["TypeError", f"`devices` for XLA must be 'auto', an int, a string or a list of ints, got {wrong_type}."]
+
+    # any other count, several indices, an index out of range
+    for value in ("2", "3", "-1", repr(n + 1), "[0, 1]", "'0,1,2'", repr([n])):
+        if value == repr(n):
+            continue
+        kind, message = rows[value]
+        assert kind == "ValueError", value
+        assert message.startswith(choices), message
+    assert rows["'0,1,2'"][1].endswith("got [0, 1, 2].")
+
+    # an unparsable string is quoted
+    assert rows["'abc'"] == ["ValueError", "Could not parse `devices='abc'` for XLA: use an int, 'auto', or indices like '0,'."]

@@ -1,0 +1,113 @@
+"""The plugin manager: API handshake, guarded hook calls, quarantine, controls on entry points."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugin_helpers import make_plugin, manager_with
+from trainer_plugins import Controls, PluginError, PluginManager, PluginWarning, StrategyEntry
+
+
+def strategies(*names: str):
+    return lambda: [StrategyEntry(name, trainer=f"pkg.{name}:Strategy") for name in names]
+
+
+@pytest.mark.parametrize(
+    ("api", "reason"),
+    [
+        (None, "declares no TRAINER_PLUGINS_API; this trainer-plugins implements hookspec API 1.0"),
+        ("banana", "TRAINER_PLUGINS_API='banana' is not a version specifier such as '>=1.0,<2'"),
+        (">=2.0", "supports hookspec API >=2.0, but this trainer-plugins implements 1.0"),
+    ],
+)
+def test_a_plugin_without_a_matching_api_version_is_quarantined_with_the_reason(api, reason):
+    manager = manager_with(("npu", make_plugin(api=api, strategies=strategies("npu_ddp"))))
+    record = manager.records["npu"]
+    assert (record.state, record.reason) == ("quarantined", reason)
+    assert manager.get_plugin("npu") is None
+
+
+def test_a_plugin_with_a_hook_wrapper_is_quarantined():
+    def trainer_plugins_strategies():
+        yield
+
+    plugin = make_plugin()
+    plugin.trainer_plugins_strategies = pytest.importorskip("trainer_plugins").hookimpl(wrapper=True)(trainer_plugins_strategies)
+    with pytest.warns(PluginWarning, match="hook wrappers are not supported"):
+        manager = manager_with(("npu", plugin))
+    assert manager.records["npu"].state == "quarantined"
+
+
+def test_a_failing_hook_of_an_uninvolved_plugin_quarantines_it_and_the_call_goes_on():
+    def broken():
+        raise KeyError("boom")
+
+    manager = manager_with(("good", make_plugin(strategies=strategies("good_ddp"))), ("bad", make_plugin(strategies=broken)))
+    with pytest.warns(PluginWarning, match=r"quarantined plugin bad \(bad-dist 1.0\): hook trainer_plugins_strategies raised: KeyError: 'boom'"):
+        results = manager.call_each("trainer_plugins_strategies")
+    assert [record.name for record, _ in results] == ["good", "lightning"]
+    assert manager.records["bad"].state == "quarantined"
+    assert isinstance(manager.records["bad"].error, KeyError)
+
+
+def test_a_user_error_from_the_owning_plugin_reaches_the_user_unchanged():
+    def reject(accelerator, strategy, parallel_devices, api):
+        raise ValueError("strategy 'ddp' cannot run on the NPU")
+
+    manager = manager_with(("npu", make_plugin(validate=reject)))
+    with pytest.raises(ValueError, match="strategy 'ddp' cannot run on the NPU"):
+        manager.call_each("trainer_plugins_validate", frozenset({"npu"}), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+    assert manager.records["npu"].state == "loaded"
+
+
+def test_a_user_error_from_any_plugin_in_a_decision_call_reaches_the_user_and_quarantines_nothing():
+    def reject(strategy):
+        raise NotImplementedError("this pairing is known but unsupported")
+
+    manager = manager_with(("judge", make_plugin(validate=reject)))
+    with pytest.raises(NotImplementedError, match="known but unsupported"):
+        manager.call_each("trainer_plugins_validate", frozenset(), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+    assert manager.records["judge"].state == "loaded"
+
+
+def test_a_bug_in_an_uninvolved_plugin_during_a_decision_quarantines_it():
+    def buggy(accelerator):
+        raise AttributeError("no such thing")
+
+    manager = manager_with(("other", make_plugin(select_environment=buggy)))
+    with pytest.warns(PluginWarning, match="hook trainer_plugins_select_environment raised: AttributeError"):
+        assert manager.call_first("trainer_plugins_select_environment", frozenset({"lightning"}), accelerator=None, api="trainer") is None
+    assert manager.records["other"].state == "quarantined"
+
+
+def test_a_bug_in_the_owning_plugin_becomes_a_plugin_error_naming_the_distribution_and_the_cause():
+    def buggy(accelerator, strategy, parallel_devices, api):
+        raise KeyError("missing")
+
+    manager = manager_with(("npu", make_plugin(validate=buggy)))
+    with pytest.raises(PluginError, match=r"plugin npu \(npu-dist 1.0\) failed in trainer_plugins_validate: KeyError: 'missing'") as info:
+        manager.call_each("trainer_plugins_validate", frozenset({"npu"}), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_call_first_returns_the_first_answer_in_pluggy_order():
+    early = make_plugin(select_strategy=lambda accelerator: "early")
+    late = make_plugin(select_strategy=lambda accelerator: "late")
+    manager = manager_with(("early", early), ("late", late))  # registered last -> called first
+    record, answer = manager.call_first("trainer_plugins_select_strategy", accelerator=None, parallel_devices=[], num_nodes=1, api="trainer")
+    assert (record.name, answer) == ("late", "late")
+
+
+def test_entry_point_plugins_named_by_the_block_control_are_recorded_but_not_loaded():
+    manager = PluginManager(Controls(block=frozenset({"xla"})))
+    manager.load_entry_points()
+    assert manager.records["xla"].state == "blocked"
+    assert manager.records["xla"].reason == "blocked by TRAINER_PLUGINS_BLOCK (xla)"
+    assert manager.get_plugin("xla") is None
+
+
+def test_entry_point_plugins_outside_the_allow_list_are_not_loaded():
+    manager = PluginManager(Controls(allow=frozenset({"someone-else"})))
+    manager.load_entry_points()
+    assert manager.records["xla"].state == "blocked"
+    assert manager.records["xla"].reason == "not in TRAINER_PLUGINS_ALLOW (someone-else)"
