@@ -15,11 +15,12 @@ import sys
 AUTOLOAD_VARIABLE = "TRAINER_PLUGINS_AUTOLOAD"
 #: The package after whose import the hook attaches (its ``__init__`` imports Trainer and Fabric).
 WATCHED_MODULE = "lightning"
-#: Lightning module -> (the connector class it builds, the name of our replacement in trainer_plugins._lightning).
-TARGETS = {
-    "lightning.pytorch.trainer.trainer": ("_AcceleratorConnector", "TrainerConnector"),
-    "lightning.fabric.fabric": ("_Connector", "FabricConnector"),
-}
+#: (Lightning module, the class name it builds a connector from, our replacement in trainer_plugins._lightning).
+TARGETS = (
+    ("lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
+    ("lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
+    ("lightning.fabric.fabric", "_Connector", "FabricConnector"),
+)
 _originals = {}
 
 _OFF = frozenset({"0", "false", "no", "off"})
@@ -83,26 +84,31 @@ def _connector_factory(class_name):
 
 def attach():
     """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent)."""
-    for module_name, (attribute, class_name) in TARGETS.items():
+    for module_name, attribute, class_name in TARGETS:
         module = sys.modules.get(module_name)
-        if module is None or attached_to(module_name):
+        if module is None or _is_ours(getattr(module, attribute, None)):
             continue
-        _originals[module_name] = getattr(module, attribute)
+        _originals[(module_name, attribute)] = getattr(module, attribute)
         setattr(module, attribute, _connector_factory(class_name))
 
 
 def detach():
     """Give the Lightning modules back their own connector classes."""
-    for module_name, original in list(_originals.items()):
-        setattr(sys.modules[module_name], TARGETS[module_name][0], original)
-        del _originals[module_name]
+    for (module_name, attribute), original in list(_originals.items()):
+        setattr(sys.modules[module_name], attribute, original)
+        del _originals[(module_name, attribute)]
 
 
-def attached_to(module_name):
-    """Whether the Lightning module ``module_name`` currently builds the plugin-aware connector."""
-    module = sys.modules.get(module_name)
-    attribute = TARGETS[module_name][0]
-    return module is not None and hasattr(getattr(module, attribute, None), "trainer_plugins_connector")
+def attached():
+    """Whether every Lightning module of :data:`TARGETS` currently builds the plugin-aware connectors."""
+    return all(
+        module_name in sys.modules and _is_ours(getattr(sys.modules[module_name], attribute, None))
+        for module_name, attribute, _ in TARGETS
+    )
+
+
+def _is_ours(obj):
+    return hasattr(obj, "trainer_plugins_connector")
 
 
 def arm():

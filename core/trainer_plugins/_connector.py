@@ -83,10 +83,22 @@ class Connector:
         if api not in APIS:
             raise ValueError(f"api must be one of {APIS}, got {api!r}")
         self.api = api
-        self.catalog = catalog if catalog is not None else get_catalog()
+        self._catalog = catalog if catalog is not None else get_catalog()
         self.controls = Controls.from_env()
         self.explanation = Explanation()
         self._whitelist: Optional[tuple[type, ...]] = None
+
+    @property
+    def catalog(self) -> Catalog:
+        """The declared names this connector asks about (the process-wide catalogue after unpickling)."""
+        if self._catalog is None:
+            self._catalog = get_catalog()
+        return self._catalog
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Trainers are pickled into XLA worker processes; plugin modules are not picklable and each
+        # process has its own plugin manager, so the catalogue is looked up again there.
+        return {**self.__dict__, "_catalog": None}
 
     # --- bookkeeping -----------------------------------------------------------------------------
 

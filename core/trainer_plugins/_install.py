@@ -22,4 +22,4 @@ def uninstall() -> None:
 
 def installed() -> bool:
     """Whether both Trainer and Fabric currently build the plugin-aware connectors."""
-    return all(_autoload.attached_to(name) for name in _autoload.TARGETS)
+    return bool(_autoload.attached())

@@ -11,12 +11,14 @@ own method when no plugin answers. :func:`trainer_plugins.install` (or the start
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 from lightning.fabric.connector import _Connector
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_debug, rank_zero_info
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
+from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import LIGHTNING_RULE, Connector
 from trainer_plugins._manager import BUILTIN_PLUGIN
@@ -117,11 +119,27 @@ class _PluginConnectorMixin:
         return plugin
 
     def _lazy_init_strategy(self) -> None:
-        super()._lazy_init_strategy()  # type: ignore[misc]
+        try:
+            super()._lazy_init_strategy()  # type: ignore[misc]
+        except ValueError:
+            if not self._lightning_refused_a_plugin_xla_strategy():
+                raise
         self.plugin_connector.explain_is_distributed(self.strategy)
         explanation = self.plugin_connector.explanation
         rank_zero_info(f"trainer-plugins: {explanation.summary()}")
         rank_zero_debug(f"trainer-plugins resolved the run:\n{explanation}")
+
+    def _lightning_refused_a_plugin_xla_strategy(self) -> bool:
+        """Whether Lightning's last check refused a plugin's strategy on an XLA accelerator.
+
+        Lightning's connector ends by accepting only its own XLA strategy classes on an XLA
+        accelerator. A plugin's strategy has passed the plugins' ``trainer_plugins_validate`` by then
+        (in ``_init_strategy``), and the check is the last statement, so the run is fully wired.
+        """
+        from lightning.fabric.accelerators.xla import XLAAccelerator
+
+        owner = self.plugin_connector.catalog.owner_of(self.strategy, "strategy", self._api)
+        return isinstance(self.accelerator, XLAAccelerator) and owner is not None and not owner.builtin
 
     @property
     def is_distributed(self) -> bool:
@@ -155,6 +173,29 @@ class FabricConnector(_PluginConnectorMixin, _Connector):
     _accelerator_names_attr = "_registered_accelerators"
     _precision_attr = "_precision_input"
     _precision_instance_attr = "_precision_instance"
+
+
+class TrainerDataConnector(_DataConnector):
+    """``lightning.Trainer``'s data connector, with a clear error when sampler injection is impossible.
+
+    When the connector says a run is distributed, Lightning rebuilds each dataloader with a
+    ``DistributedSampler``. A custom batch sampler it cannot rebuild makes Lightning raise a bare
+    ``TypeError``; this names the batch sampler and the two ways out.
+    """
+
+    def _prepare_dataloader(self, dataloader: object, shuffle: Optional[bool] = None, mode: Optional[Any] = None) -> object:
+        try:
+            return super()._prepare_dataloader(dataloader, shuffle=shuffle, mode=mode)
+        except TypeError as error:
+            batch_sampler = getattr(dataloader, "batch_sampler", None)
+            if batch_sampler is None or type(batch_sampler) is BatchSampler:
+                raise
+            raise TypeError(
+                f"Cannot inject a DistributedSampler into the custom batch sampler {type(batch_sampler).__qualname__}"
+                f" ({error}). Either let it be rebuilt (an `__init__(sampler, batch_size, drop_last)` like PyTorch's"
+                " BatchSampler), or switch injection off with `Trainer(use_distributed_sampler=False)` and shard"
+                " the data across ranks in your batch sampler yourself."
+            ) from error
 
 
 def explain(api: str = "trainer", **flags: Any) -> Any:

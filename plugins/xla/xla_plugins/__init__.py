@@ -14,6 +14,9 @@ _EXPORTS = {
     "xla_plugins.environment": ("XLAEnvironment",),
     "xla_plugins.precision": ("TPUBf16PrecisionPlugin", "TPUPrecisionPlugin", "XLAPrecision"),
     "xla_plugins.strategies.single_xla": ("SingleDeviceXLAStrategy", "SingleTPUStrategy"),
+    "xla_plugins.strategies.xla": ("XLAStrategy",),
+    "xla_plugins.strategies.xla_spmd": ("XLASPMDStrategy",),
+    "xla_plugins.strategies.launcher": ("XLALauncher", "WorkerTraceback"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

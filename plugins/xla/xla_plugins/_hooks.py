@@ -41,6 +41,27 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             deprecated_aliases=("single_tpu",),
             override=True,
         ),
+        StrategyEntry(
+            "xla",
+            trainer=f"{_PKG}.strategies.xla:XLAStrategy",
+            description="all devices, one worker per device (torch_xla multiprocessing)",
+            distributed=True,
+            override=True,
+        ),
+        StrategyEntry(
+            "xla_debug",
+            trainer=f"{_PKG}.strategies.xla:XLAStrategy",
+            description="'xla' with PT_XLA_DEBUG=1",
+            init_kwargs={"debug": True},
+            distributed=True,
+            override=True,
+        ),
+        StrategyEntry(
+            "xla_spmd",
+            trainer=f"{_PKG}.strategies.xla_spmd:XLASPMDStrategy",
+            description="all devices from one process, batch sharded over a mesh (torch_xla SPMD)",
+            distributed=True,
+        ),
     ]
 
 
@@ -85,11 +106,13 @@ def _is_xla_accelerator(accelerator: Any) -> bool:
 
 
 def _xla_strategy_classes(api: str) -> tuple[type, ...]:
-    """Lightning's XLA strategies for ``api``; this plugin's strategies subclass them."""
+    """The strategies that run on XLA devices: Lightning's (which this plugin's subclass) and SPMD."""
     if api == "trainer":
         from lightning.pytorch.strategies import SingleDeviceXLAStrategy, XLAStrategy
 
-        return (SingleDeviceXLAStrategy, XLAStrategy)
+        from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
+
+        return (SingleDeviceXLAStrategy, XLAStrategy, XLASPMDStrategy)
     from lightning.fabric.strategies import SingleDeviceXLAStrategy as FabricSingle
     from lightning.fabric.strategies import XLAFSDPStrategy, XLAStrategy as FabricXLA
 
@@ -98,9 +121,23 @@ def _xla_strategy_classes(api: str) -> tuple[type, ...]:
 
 @hookimpl
 def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any], api: str) -> Optional[str]:
+    """One device: ``single_xla``. Several: ``xla`` (Lightning's choice), unless its collectives hang here."""
     if not _is_xla_accelerator(accelerator):
         return None
-    return "xla" if len(parallel_devices) > 1 else "single_xla"
+    if len(parallel_devices) == 1:
+        return "single_xla"
+    from xla_plugins import _runtime
+
+    if _runtime.spawn_collectives_hang():
+        from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+        rank_zero_info(
+            f"trainer-plugins: strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses the SPMD"
+            " strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this device"
+            " with this torch_xla."
+        )
+        return "xla_spmd"
+    return "xla"
 
 
 @hookimpl
@@ -136,11 +173,23 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
         )
     from lightning.pytorch.strategies import XLAStrategy
 
-    if isinstance(strategy, XLAStrategy) and len(parallel_devices) == 1:
+    from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
+
+    multi_device = (XLAStrategy, XLASPMDStrategy)
+    if isinstance(strategy, multi_device) and len(parallel_devices) == 1:
         raise NotImplementedError(
-            "The multi-device XLA strategy ('xla') cannot run on a single device."
+            f"The multi-device XLA strategy {type(strategy).__name__} cannot run on a single device."
             " Use strategy='single_xla' (or strategy='auto') for one device."
         )
+    if isinstance(strategy, XLAStrategy):
+        from xla_plugins import _runtime
+
+        if _runtime.spawn_collectives_hang():
+            raise NotImplementedError(
+                f"The one-worker-per-device strategy 'xla' would hang in its first collective on PJRT"
+                f" {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"
+                " collectives without a channel id. Use strategy='xla_spmd' (or strategy='auto') for several devices."
+            )
 
 
 @hookimpl

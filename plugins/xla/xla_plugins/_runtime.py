@@ -201,3 +201,26 @@ def _version_or(distribution: str) -> str:
         return version(distribution)
     except PackageNotFoundError:
         return "not installed"
+
+
+#: torch_xla versions whose PJRT CPU client hangs in cross-thread collectives (reference: docs/testing.md).
+_CPU_COLLECTIVES_FIXED_IN = Version("2.10")
+
+
+def spawn_collectives_hang() -> bool:
+    """Whether the one-worker-per-device strategy's collectives would hang on the active PJRT device.
+
+    On PJRT CPU, torch_xla runs one thread per device, and torch_xla < 2.10 lowers ``all_reduce``,
+    ``all_gather`` and ``reduce_scatter`` without a channel id; each thread compiles its own module,
+    so the threads never meet in the rendezvous and XLA aborts. That holds while
+    ``torch_xla.core.xla_model.all_reduce`` is torch_xla's own lowering; a process that replaced it
+    with one that sets a channel id (as this project's test harness does) can run the strategy.
+    """
+    if device_type() != "CPU":
+        return False
+    installed = torch_xla_version()
+    if installed is None or installed >= _CPU_COLLECTIVES_FIXED_IN:
+        return False
+    import torch_xla.core.xla_model as xm
+
+    return getattr(xm.all_reduce, "__module__", None) == xm.__name__

@@ -1,0 +1,96 @@
+"""The multi-device XLA strategy: one worker per device, launched through torch_xla's multiprocessing."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
+from typing_extensions import override
+
+import lightning.pytorch as pl
+from xla_plugins import _runtime
+from xla_plugins.environment import XLAEnvironment
+from xla_plugins.strategies.launcher import XLALauncher
+
+
+class XLAStrategy(_LightningXLAStrategy):
+    """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
+
+    A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
+    :class:`~xla_plugins.strategies.launcher.XLALauncher` starts one worker per device; dataloaders
+    are wrapped once in torch_xla's ``MpDeviceLoader`` (still exposing ``dataset`` and
+    ``batch_sampler``); rank 0's parameters are broadcast at setup; ``all_gather``, ``broadcast``,
+    ``reduce`` and ``barrier`` use XLA collectives (``barrier`` and ``broadcast`` do nothing before
+    the workers start); gradients are reduced inside the optimizer step (``xm.reduce_gradients``);
+    ``distributed_sampler_kwargs`` is ``{"num_replicas": world_size, "rank": global_rank}``.
+
+    Differences from Lightning's: world size and ranks come from this plugin's
+    :class:`~xla_plugins.environment.XLAEnvironment`, the device from ``torch_xla.device()``, pending
+    graphs are synced with ``torch_xla.sync()`` before a checkpoint is written (by global rank 0
+    only, with CPU tensors), and worker failures stop the run. It has no ``is_distributed`` of its
+    own: the connector whitelists it.
+
+    Before launch, ``world_size`` reads 1 and the ranks read 0 (placeholders); ``root_device``
+    raises ``RuntimeError``, since each worker has its own.
+
+    Args:
+        accelerator, parallel_devices, checkpoint_io, precision_plugin: as Lightning's ``XLAStrategy``.
+        debug: set ``PT_XLA_DEBUG=1`` in the workers.
+        sync_module_states: broadcast rank 0's parameters and buffers at setup.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+
+    def __init__(
+        self,
+        accelerator: Optional[pl.accelerators.Accelerator] = None,
+        parallel_devices: Optional[list[torch.device]] = None,
+        checkpoint_io: Optional[Any] = None,
+        precision_plugin: Optional[Any] = None,
+        debug: bool = False,
+        sync_module_states: bool = True,
+        **_: Any,
+    ) -> None:
+        _runtime.require_torch_xla()
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            debug=debug,
+            sync_module_states=sync_module_states,
+        )
+        self.cluster_environment = XLAEnvironment()
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This worker's XLA device (``torch_xla.device()``).
+
+        Raises:
+            RuntimeError: read before the workers are launched; each worker has its own device.
+        """
+        if not self._launched:
+            raise RuntimeError(
+                "The multi-device XLA strategy has no root device before its workers are launched: each worker"
+                " gets its own. Read `strategy.parallel_devices` for the devices it will use."
+            )
+        import torch_xla
+
+        return torch_xla.device()
+
+    @override
+    def _configure_launcher(self) -> None:
+        self._launcher = XLALauncher(self)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None) -> None:
+        """Sync pending lazy tensors on every rank (so no collective hangs), then write on global rank 0."""
+        import torch_xla
+
+        torch_xla.sync()
+        # Lightning's XLAStrategy.save_checkpoint would sync with the deprecated `xm.mark_step`.
+        super(_LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)

@@ -1,0 +1,166 @@
+"""Multi-device XLA for real on PJRT CPU: the spawn strategy ('xla') and the SPMD strategy ('xla_spmd').
+
+Each run is a fresh interpreter (tests/scripts/multidevice.py) with CPU_NUM_DEVICES=N. The spawn
+strategy's workers run one thread per device; tests/xla_cpu_harness.py gives their collectives a
+channel id so they can meet (torch_xla 2.9 on CPU otherwise hangs; see docs/testing.md). SPMD
+needs no harness.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_python
+
+pytestmark = pytest.mark.xla
+
+SCRIPTS = Path(__file__).parent / "scripts"
+BATCH = 8
+
+
+def environment(devices: int) -> dict[str, str]:
+    return {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices), "XLA_THREAD_POOL_SIZE": str(2 * devices), "PJRT_CPU_ASYNC_CLIENT": "0"}
+
+
+def run_scenario(strategy: str, devices: int, out: Path) -> tuple[dict, dict[int, list[dict]], dict[str, dict[int, list[dict]]]]:
+    import os
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "multidevice.py"), "--strategy", strategy, "--devices", str(devices), "--out", str(out)],
+        env={**os.environ, **environment(devices)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+    def rows(folder: Path) -> dict[int, list[dict]]:
+        return {int(p.stem[4:]): [json.loads(line) for line in p.read_text().splitlines()] for p in folder.glob("rank*.jsonl")}
+
+    return json.loads((out / "summary.json").read_text()), rows(out), {"resumed": rows(out / "resumed"), "cpu": rows(out / "cpu")}
+
+
+def of_kind(rows: list[dict], kind: str) -> list[dict]:
+    return [row for row in rows if row["kind"] == kind]
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_spawn_strategy_end_to_end(devices, tmp_path):
+    summary, ranks, later = run_scenario("xla", devices, tmp_path)
+    size = summary["size"]
+    per_rank = math.ceil(size / devices)
+    steps_per_epoch = math.ceil(per_rank / BATCH)
+    assert summary["strategy"] == "xla_plugins.strategies.xla.XLAStrategy" and summary["is_distributed"] is True
+    assert sorted(ranks) == list(range(devices))
+
+    for rank, rows in ranks.items():
+        (loaders,) = of_kind(rows, "loaders")
+        assert loaders["loader"] == "MpDeviceLoader" and loaders["exposes"] == [True, True]
+        assert (loaders["sampler"], loaders["shuffle"], loaders["val_shuffle"]) == ("DistributedSampler", True, False)
+        assert loaders["replicas"] == [devices, rank] and loaders["world_size"] == devices
+
+    for epoch in (0, 1):
+        seen = [index for rows in ranks.values() for row in of_kind(rows, "step") if row["epoch"] == epoch for index in row["value"]]
+        assert set(seen) == set(range(size))
+        assert len(seen) == per_rank * devices  # the sampler pads up to a multiple of the world size
+    order = [[i for row in of_kind(ranks[0], "step") if row["epoch"] == epoch for i in row["value"]] for epoch in (0, 1)]
+    assert order[0] != order[1]  # shuffled, reseeded per epoch
+
+    losses = [[row["loss"] for rows in ranks.values() for row in of_kind(rows, "step") if row["epoch"] == e] for e in (0, 1)]
+    assert sum(losses[1]) / len(losses[1]) < sum(losses[0]) / len(losses[0])
+
+    parameters = [of_kind(rows, "parameters")[0]["value"] for rows in ranks.values()]
+    assert all(p == parameters[0] for p in parameters)
+
+    assert len(summary["checkpoints"]) == 1 and summary["checkpoint_devices"] == ["cpu"]
+    assert summary["checkpoint_global_step"] == 2 * steps_per_epoch
+
+    resumed = later["resumed"]
+    assert sorted(resumed) == list(range(devices))
+    assert min(row["step"] for rows in resumed.values() for row in of_kind(rows, "step")) == 2 * steps_per_epoch
+    for rank, rows in resumed.items():
+        (loaders,) = of_kind(rows, "loaders")
+        assert loaders["user_marker"] is True and loaders["replicas"] == [1, 0]  # the user's sampler, as given
+
+    cpu_steps = [row["step"] for row in of_kind(later["cpu"][0], "step")]
+    assert cpu_steps[0] == 2 * steps_per_epoch  # a CPU-only Trainer resumes from the XLA checkpoint
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_spmd_strategy_end_to_end(devices, tmp_path):
+    summary, devices_rows, later = run_scenario("xla_spmd", devices, tmp_path)
+    size = summary["size"]
+    steps_per_epoch = size // BATCH
+    assert summary["strategy"] == "xla_plugins.strategies.xla_spmd.XLASPMDStrategy" and summary["is_distributed"] is True
+    assert sorted(devices_rows) == list(range(devices))
+
+    (loaders,) = of_kind(devices_rows[0], "loaders")  # one process
+    assert (loaders["sampler"], loaders["shuffle"], loaders["val_shuffle"]) == ("DistributedSampler", True, False)
+    assert loaders["replicas"] == [1, 0] and loaders["world_size"] == 1
+
+    for epoch in (0, 1):
+        shards = {device: [i for row in of_kind(rows, "step") if row["epoch"] == epoch for i in row["value"]] for device, rows in devices_rows.items()}
+        assert all(len(indices) == size // devices for indices in shards.values())  # each device its share
+        assert sorted(i for indices in shards.values() for i in indices) == list(range(size))  # each sample once
+
+    losses = [[row["loss"] for row in of_kind(devices_rows[0], "step") if row["epoch"] == e] for e in (0, 1)]
+    assert sum(losses[1]) / len(losses[1]) < sum(losses[0]) / len(losses[0])
+
+    parameters = [of_kind(rows, "parameters")[0]["value"] for rows in devices_rows.values()]
+    assert all(p == parameters[0] for p in parameters)  # every device holds the same replica
+
+    assert len(summary["checkpoints"]) == 1 and summary["checkpoint_devices"] == ["cpu"]
+    assert summary["checkpoint_global_step"] == 2 * steps_per_epoch
+    resumed_steps = [row["step"] for rows in later["resumed"].values() for row in of_kind(rows, "step")]
+    assert min(resumed_steps) == 2 * steps_per_epoch
+    assert of_kind(later["resumed"][0], "loaders")[0]["user_marker"] is True
+    assert [row["step"] for row in of_kind(later["cpu"][0], "step")][0] == 2 * steps_per_epoch
+
+
+def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "worker_failure.py"), str(tmp_path)],
+        env={**__import__("os").environ, **environment(4)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["error"] == "ValueError('rank 1 gave up at step 1')"
+    assert report["cause"] == "WorkerTraceback"
+    assert 'in training_step\n    raise ValueError("rank 1 gave up at step 1")' in report["traceback"]
+    assert report["worker_pids"] and report["main_pid"] not in report["worker_pids"]
+    assert report["workers_alive"] == [] and report["children"] == []
+    assert report["precision_variables"] == {"XLA_USE_BF16": None, "XLA_USE_F16": None}
+    assert report["seconds"] < 60  # stopped, not left to time out
+
+
+def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
+    result = run_python(
+        """
+        import time
+        import lightning as L
+        trainer = L.Trainer(accelerator="xla", devices=4, logger=False)
+        print(type(trainer.strategy).__name__)
+        started = time.monotonic()
+        try:
+            L.Trainer(accelerator="xla", devices=4, strategy="xla", logger=False)
+        except NotImplementedError as error:
+            print(f"{time.monotonic() - started:.1f}", error)
+        """,
+        env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"},
+    )
+    strategy, refusal = result.stdout.splitlines()[-2:]
+    assert strategy == "XLASPMDStrategy"
+    assert "uses the SPMD strategy 'xla_spmd'" in result.stdout + result.stderr  # said in the start-up log
+    seconds, message = refusal.split(" ", 1)
+    assert float(seconds) < 10
+    assert message.startswith("The one-worker-per-device strategy 'xla' would hang in its first collective on PJRT CPU")
+    assert "Use strategy='xla_spmd'" in message

@@ -1,0 +1,110 @@
+"""XLA strategies and accelerator in this process (one PJRT CPU device): contracts that need no launch."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+L = pytest.importorskip("lightning")
+import torch  # noqa: E402
+from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import xla_plugins  # noqa: E402
+
+
+def quiet_trainer(**flags) -> L.Trainer:
+    defaults = dict(accelerator="xla", devices=1, max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return L.Trainer(**{**defaults, **flags})
+
+
+def data() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
+
+
+class SkipsBackward(L.LightningModule):
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.automatic_optimization = not manual
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        if not self.automatic_optimization:
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(self.layer(batch[0]).sum())
+            optimizer.step()
+        return None
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_returning_none_from_training_step_under_automatic_optimization_is_rejected():
+    with pytest.raises(MisconfigurationException, match="Skipping backward is not supported on XLA with automatic optimization"):
+        quiet_trainer().fit(SkipsBackward(), data())
+
+
+def test_manual_optimization_may_return_none():
+    model = SkipsBackward(manual=True)
+    quiet_trainer().fit(model, data())
+    assert model.steps == 2
+
+
+def test_before_launch_the_spawn_strategy_has_placeholders_and_harmless_collectives():
+    strategy = xla_plugins.XLAStrategy(parallel_devices=[torch.device("xla", i) for i in range(4)])
+    assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (1, 0, 0, 0)
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
+    with pytest.raises(RuntimeError, match="no root device before its workers are launched"):
+        strategy.root_device
+    strategy.barrier()
+    strategy.barrier(None)
+    assert strategy.broadcast({"a": 1}) == {"a": 1}
+    assert "is_distributed" not in vars(type(strategy)) and type(strategy.cluster_environment).__module__ == "xla_plugins.environment"
+
+
+def test_dataloaders_are_wrapped_in_mp_device_loader_exactly_once():
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    strategy = xla_plugins.XLAStrategy(parallel_devices=[torch.device("xla", 0), torch.device("xla", 1)])
+    strategy._launched = True  # as inside a worker
+    loader = data()
+    wrapped = strategy.process_dataloader(loader)
+    assert isinstance(wrapped, MpDeviceLoader)
+    assert wrapped.dataset is loader.dataset and wrapped.batch_sampler is loader.batch_sampler
+    assert strategy.process_dataloader(wrapped) is wrapped
+
+
+def test_spmd_strategy_collectives_follow_lightnings_one_process_semantics():
+    strategy = xla_plugins.XLASPMDStrategy(parallel_devices=[torch.device("xla", 0), torch.device("xla", 1)])
+    tensor = torch.arange(4.0)
+    assert strategy.reduce(tensor) is tensor and strategy.reduce(tensor, reduce_op="sum") is tensor
+    assert strategy.all_gather(tensor) is tensor
+    assert strategy.broadcast("payload") == "payload"
+    assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
+    assert (strategy.world_size, strategy.global_rank, strategy.root_device) == (1, 0, torch.device("xla", 0))
+    with pytest.raises(ValueError, match="supports reduce_op in \\('sum', 'mean', 'avg'\\), got 'max'"):
+        strategy.reduce(tensor, reduce_op="max")
+
+
+def test_device_stats_are_empty_where_the_runtime_has_no_memory_statistics():
+    assert xla_plugins.XLAAccelerator().get_device_stats(torch.device("xla", 0)) == {}
+
+
+def test_device_stats_report_memory_in_mib_from_torch_xla_memory_info():
+    """Mocked: only a TPU/GPU runtime reports memory; the values are torch_xla 2.9's documented example."""
+    info = {"bytes_used": 290816, "bytes_limit": 34088157184, "peak_bytes_used": 500816}
+    with mock.patch("torch_xla.core.xla_model.get_memory_info", return_value=info):
+        stats = xla_plugins.XLAAccelerator().get_device_stats(torch.device("xla", 0))
+    assert stats == {
+        "memory.used (MiB)": 290816 / 2**20,
+        "memory.free (MiB)": (34088157184 - 290816) / 2**20,
+        "memory.limit (MiB)": 34088157184 / 2**20,
+        "memory.peak (MiB)": 500816 / 2**20,
+    }
