@@ -7,6 +7,9 @@ torch, no Lightning, no plugin). When the ``lightning`` package has finished imp
 :mod:`trainer_plugins._lightning`, which are imported on the first ``Trainer(...)``/``Fabric(...)``.
 Set ``TRAINER_PLUGINS_AUTOLOAD=0`` to switch this off; ``trainer_plugins.install()`` attaches
 explicitly.
+
+PYTEST_DONT_REWRITE: this module is imported at start-up, before pytest loads the conformance kit
+of this distribution (``pytest11`` entry point), so pytest must not try to rewrite it.
 """
 
 import os
@@ -21,7 +24,7 @@ TARGETS = (
     ("lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
     ("lightning.fabric.fabric", "_Connector", "FabricConnector"),
 )
-_originals = {}
+_originals: dict = {}
 
 _OFF = frozenset({"0", "false", "no", "off"})
 _ON = frozenset({"", "1", "true", "yes", "on"})
@@ -78,7 +81,7 @@ def _connector_factory(class_name):
 
         return getattr(_lightning, class_name)(*args, **kwargs)
 
-    build_connector.trainer_plugins_connector = class_name
+    build_connector.trainer_plugins_connector = class_name  # type: ignore[attr-defined]
     return build_connector
 
 

@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch_xla.runtime as xr
 
     device = xr.device_type()
-    print(f"trained on {trainer.strategy.root_device} (PJRT_DEVICE={device}) with {type(trainer.accelerator).__module__}")
+    print(
+        f"trained on {trainer.strategy.root_device} (PJRT_DEVICE={device}) with {type(trainer.accelerator).__module__}"
+    )
     if device == "CPU":
         print("No TPU in use: this run used torch_xla's PJRT CPU device.")
 
@@ -144,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(args.checkpoint_dir or scratch, "digits.ckpt")
         trainer.save_checkpoint(path)
         reloaded = DigitsClassifier.load_from_checkpoint(path)
-        reloaded_accuracy = make_trainer(args).test(reloaded, dataloaders=test_loader, verbose=False)[0]["test_accuracy"]
+        reloaded_accuracy = make_trainer(args).test(reloaded, dataloaders=test_loader, verbose=False)[0][
+            "test_accuracy"
+        ]
     print(f"checkpoint reloaded: test_accuracy={reloaded_accuracy:.4f} (trained model: {accuracy:.4f})")
 
     print(f"test_accuracy={accuracy:.4f} steps_per_s={rate.steps_per_s:.1f} device={device} precision={args.precision}")

@@ -21,6 +21,13 @@ PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xla: needs torch_xla (deselected in the core-only environment)")
+    if HAS_TORCH_XLA:
+        # torch sizes its autograd engine on a process's first backward pass: the XLA runtime must be
+        # up by then for later XLA tests (test_xla_strategies checks the error otherwise).
+        import torch
+        import torch_xla
+
+        torch.zeros(1, device=torch_xla.device())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,7 +82,9 @@ def extra_plugins():
     added: list[str] = []
 
     def register(name: str, plugin: object, distribution: str = "test-dist", version: str = "1.0") -> None:
-        trainer_plugins.get_plugin_manager().register_plugin(plugin, PluginRecord(name, f"tests.{name}", distribution, version))
+        trainer_plugins.get_plugin_manager().register_plugin(
+            plugin, PluginRecord(name, f"tests.{name}", distribution, version)
+        )
         added.append(name)
         reset_catalogs()
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from trainer_plugins import Catalog, PluginManager, PluginRecord, hookimpl
-from trainer_plugins import _builtin
+from trainer_plugins import Catalog, PluginManager, PluginRecord, _builtin, hookimpl
 
 API = ">=1.0,<2"
 

@@ -9,8 +9,8 @@ import pytest
 L = pytest.importorskip("lightning")
 import torch  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # noqa: E402
-
 from plugin_helpers import make_plugin  # noqa: E402
+
 from trainer_plugins import AcceleratorEntry, PluginError, PluginWarning  # noqa: E402
 
 FAKE = "fake_accelerators:FakeAccelerator"
@@ -49,9 +49,15 @@ def test_an_unavailable_plugin_accelerator_leaves_auto_to_lightnings_choice(extr
 
 def test_a_probe_that_raises_quarantines_its_plugin_and_auto_goes_on(extra_plugins):
     extra_plugins("broken", accelerator_plugin("broken_npu", 500, OSError("driver missing")), "broken-dist", "0.3")
-    with pytest.warns(PluginWarning, match=r"broken \(broken-dist 0.3\): hook trainer_plugins_accelerator_available raised: OSError"):
+    with pytest.warns(
+        PluginWarning, match=r"broken \(broken-dist 0.3\): hook trainer_plugins_accelerator_available raised: OSError"
+    ):
         assert auto_accelerator().startswith("cpu ")
-    with pytest.raises(PluginError, match=r"plugin broken \(broken-dist 0.3\) cannot provide accelerator 'broken_npu': it is quarantined: .*OSError: driver missing"):
+    with pytest.raises(
+        PluginError,
+        match=r"plugin broken \(broken-dist 0.3\) cannot provide accelerator 'broken_npu': it is quarantined: "
+        r".*OSError: driver missing",
+    ):
         L.Trainer(accelerator="broken_npu", logger=False)
 
 
@@ -59,12 +65,19 @@ def test_a_pin_decides_what_auto_means(extra_plugins, monkeypatch):
     extra_plugins("high", accelerator_plugin("high_npu", 50, True))
     monkeypatch.setenv("TRAINER_PLUGINS_PIN_ACCELERATOR", "cpu")
     rows = L.Trainer(logger=False)._accelerator_connector.plugin_connector.explanation.as_dicts()
-    assert rows[0] == {"role": "accelerator", "choice": "cpu (lightning.pytorch.accelerators.cpu.CPUAccelerator)", "plugin": "controls", "reason": "pinned by TRAINER_PLUGINS_PIN_ACCELERATOR"}
+    assert rows[0] == {
+        "role": "accelerator",
+        "choice": "cpu (lightning.pytorch.accelerators.cpu.CPUAccelerator)",
+        "plugin": "controls",
+        "reason": "pinned by TRAINER_PLUGINS_PIN_ACCELERATOR",
+    }
 
 
 def test_a_pin_naming_nothing_is_rejected(monkeypatch):
     monkeypatch.setenv("TRAINER_PLUGINS_PIN_STRATEGY", "warp_drive")
-    with pytest.raises(ValueError, match="TRAINER_PLUGINS_PIN_STRATEGY='warp_drive' names no strategy; choose one of ddp"):
+    with pytest.raises(
+        ValueError, match="TRAINER_PLUGINS_PIN_STRATEGY='warp_drive' names no strategy; choose one of ddp"
+    ):
         L.Trainer(accelerator="cpu", logger=False)
 
 

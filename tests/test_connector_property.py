@@ -7,27 +7,30 @@ import warnings
 import pytest
 
 L = pytest.importorskip("lightning")
+from conftest import HAS_TORCH_XLA  # noqa: E402
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from lightning.fabric.accelerators.xla import XLAAccelerator as AnyXLAAccelerator  # noqa: E402
 from lightning.pytorch.strategies import SingleDeviceStrategy, SingleDeviceXLAStrategy, XLAStrategy  # noqa: E402
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
 
-from conftest import HAS_TORCH_XLA  # noqa: E402
-
 EXPECTED_ERRORS = (ValueError, TypeError, MisconfigurationException, NotImplementedError, ModuleNotFoundError)
 VALID_HEAVY = 3  # valid values are repeated so that successful builds are explored as often as errors
 FLAGS = {
     "accelerator": st.sampled_from(["auto", "cpu", "xla", "tpu"] * VALID_HEAVY + ["gpu", "cuda", "mps", "npu"]),
     "devices": st.one_of(
-        st.sampled_from(["auto", 1, "1", [0], "0,"] * VALID_HEAVY + [2, "2", 0, "0,1", "", "x", None, True, [1], [0, 1], []]),
+        st.sampled_from(
+            ["auto", 1, "1", [0], "0,"] * VALID_HEAVY + [2, "2", 0, "0,1", "", "x", None, True, [1], [0, 1], []]
+        ),
         st.integers(-2, 9),
     ),
     "strategy": st.sampled_from(
-        ["auto", "single_xla", "ddp"] * VALID_HEAVY + ["ddp_spawn", "xla", "single_tpu", "single_device", "fsdp", "deepspeed", "nope"]
+        ["auto", "single_xla", "ddp"] * VALID_HEAVY
+        + ["ddp_spawn", "xla", "single_tpu", "single_device", "fsdp", "deepspeed", "nope"]
     ),
     "precision": st.sampled_from(
-        [None, "32-true", "16-true", "bf16-true"] * VALID_HEAVY + ["16-mixed", "bf16-mixed", "64-true", 16, 32, "bf16", "8-true"]
+        [None, "32-true", "16-true", "bf16-true"] * VALID_HEAVY
+        + ["16-mixed", "bf16-mixed", "64-true", 16, 32, "bf16", "8-true"]
     ),
     "num_nodes": st.sampled_from([1] * VALID_HEAVY + [2, 0, -1]),
 }
@@ -38,7 +41,11 @@ def _squash(text: str) -> str:
 
 
 def names_an_offending_flag(message: str, flags: dict) -> bool:
-    tokens = set(flags) | {name.rstrip("s") for name in flags} | {str(value) for value in flags.values() if value not in ("auto", None)}
+    tokens = (
+        set(flags)
+        | {name.rstrip("s") for name in flags}
+        | {str(value) for value in flags.values() if value not in ("auto", None)}
+    )
     return any(_squash(token) in _squash(message) for token in tokens if _squash(token))
 
 
@@ -60,7 +67,9 @@ def check_consistent(trainer: L.Trainer, flags: dict) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**FLAGS)
-def test_any_flag_combination_gives_consistent_objects_or_an_expected_error(accelerator, devices, strategy, precision, num_nodes):
+def test_any_flag_combination_gives_consistent_objects_or_an_expected_error(
+    accelerator, devices, strategy, precision, num_nodes
+):
     flags = dict(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision, num_nodes=num_nodes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -23,7 +23,11 @@ def build(**flags):
 
 
 def kinds(trainer):
-    return (type(trainer.accelerator).__name__, type(trainer.strategy).__name__, type(trainer.precision_plugin).__name__)
+    return (
+        type(trainer.accelerator).__name__,
+        type(trainer.strategy).__name__,
+        type(trainer.precision_plugin).__name__,
+    )
 
 
 def test_a_registered_name_and_an_instance_give_the_same_objects():
@@ -43,7 +47,14 @@ def test_a_single_device_strategy_always_runs_on_the_accelerators_device(devices
 
 
 @pytest.mark.parametrize(
-    ("precision", "dtype"), [(None, torch.float32), ("32-true", torch.float32), (32, torch.float32), ("16-true", torch.float16), ("bf16-true", torch.bfloat16)]
+    ("precision", "dtype"),
+    [
+        (None, torch.float32),
+        ("32-true", torch.float32),
+        (32, torch.float32),
+        ("16-true", torch.float16),
+        ("bf16-true", torch.bfloat16),
+    ],
 )
 def test_the_three_true_precisions_are_accepted(precision, dtype):
     plugin = build(accelerator="xla", devices=1, precision=precision).precision_plugin
@@ -77,18 +88,25 @@ def test_the_multi_device_strategy_on_one_device_points_to_the_single_device_str
 
 
 def test_an_unknown_accelerator_name_lists_every_registered_name_including_plugin_ones():
-    with pytest.raises(ValueError, match=r"Unknown accelerator name `accelerator='npu'`\. Registered names: auto, gpu, cpu, cuda, mps, tpu, xla\."):
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown accelerator name `accelerator='npu'`\. Registered names: auto, gpu, cpu, cuda, mps, tpu, xla\.",
+    ):
         build(accelerator="npu")
 
 
 def test_an_unknown_strategy_name_lists_every_registered_name_including_plugin_ones():
-    with pytest.raises(ValueError, match=r"Unknown strategy name `strategy='fastest'`\. Registered names: auto, ddp, .*single_xla.*xla") as info:
+    with pytest.raises(
+        ValueError, match=r"Unknown strategy name `strategy='fastest'`\. Registered names: auto, ddp, .*single_xla.*xla"
+    ) as info:
         build(accelerator="xla", strategy="fastest")
     assert "single_tpu" in str(info.value)  # deprecated names still work, so they are listed
 
 
 def test_the_legacy_single_tpu_name_warns_and_gives_the_single_device_xla_strategy():
-    with pytest.deprecated_call(match="The strategy name 'single_tpu' is deprecated. Use `strategy='single_xla'` instead."):
+    with pytest.deprecated_call(
+        match="The strategy name 'single_tpu' is deprecated. Use `strategy='single_xla'` instead."
+    ):
         trainer = build(accelerator="tpu", devices=1, strategy="single_tpu")
     assert type(trainer.strategy).__module__ == "xla_plugins.strategies.single_xla"
 
@@ -112,12 +130,22 @@ def test_legacy_classes_warn_and_work():
 def test_explain_returns_the_decisions_as_data_and_as_text():
     explanation = trainer_plugins.explain(accelerator="tpu", devices=1, precision="bf16-true")
     rows = explanation.as_dicts()
-    assert [row["role"] for row in rows] == ["accelerator", "devices", "environment", "strategy", "precision", "is_distributed"]
+    assert [row["role"] for row in rows] == [
+        "accelerator",
+        "devices",
+        "environment",
+        "strategy",
+        "precision",
+        "is_distributed",
+    ]
     by_role = {row["role"]: row for row in rows}
     assert by_role["accelerator"]["choice"] == "xla (xla_plugins.accelerator.XLAAccelerator)"
     assert by_role["strategy"]["choice"] == "single_xla (xla_plugins.strategies.single_xla.SingleDeviceXLAStrategy)"
     assert by_role["strategy"]["plugin"].startswith("xla (xla-plugins ")
-    assert "chosen for 1 device(s)" in by_role["strategy"]["reason"] and "pairing accepted by xla" in by_role["strategy"]["reason"]
+    assert (
+        "chosen for 1 device(s)" in by_role["strategy"]["reason"]
+        and "pairing accepted by xla" in by_role["strategy"]["reason"]
+    )
     assert by_role["precision"]["reason"] == "handles precision='bf16-true'"
     assert by_role["is_distributed"]["choice"] == "False"
     text = str(explanation)

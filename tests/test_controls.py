@@ -75,8 +75,12 @@ def clean_controls():
 
 
 def test_configure_from_code_writes_the_same_variables_so_workers_inherit_them(clean_controls):
-    controls = trainer_plugins.configure(autoload=False, block=["npu"], allow=["xla", "npu"], pins={"accelerator": "cpu"})
-    assert controls == Controls(autoload=False, block=frozenset({"npu"}), allow=frozenset({"xla", "npu"}), pins={"accelerator": "cpu"})
+    controls = trainer_plugins.configure(
+        autoload=False, block=["npu"], allow=["xla", "npu"], pins={"accelerator": "cpu"}
+    )
+    assert controls == Controls(
+        autoload=False, block=frozenset({"npu"}), allow=frozenset({"xla", "npu"}), pins={"accelerator": "cpu"}
+    )
     assert os.environ["TRAINER_PLUGINS_AUTOLOAD"] == "0"
     assert os.environ["TRAINER_PLUGINS_BLOCK"] == "npu"
     assert os.environ["TRAINER_PLUGINS_PIN_ACCELERATOR"] == "cpu"
@@ -93,5 +97,27 @@ def test_configure_rebuilds_the_plugin_set(clean_controls):
 
 
 def test_configure_rejects_an_unknown_role(clean_controls):
-    with pytest.raises(ValueError, match="cannot pin role 'optimizer'; pinnable roles are accelerator, strategy, environment"):
+    with pytest.raises(
+        ValueError, match="cannot pin role 'optimizer'; pinnable roles are accelerator, strategy, environment"
+    ):
         trainer_plugins.configure(pins={"optimizer": "adam"})
+
+
+def _report_plugin_states(queue) -> None:
+    """Runs in a freshly spawned interpreter: what its own plugin manager made of each plugin."""
+    import trainer_plugins as fresh
+
+    queue.put({name: record.state for name, record in fresh.get_plugin_manager().records.items()})
+
+
+def test_controls_set_from_code_hold_in_spawned_worker_processes(clean_controls):
+    import multiprocessing
+
+    trainer_plugins.configure(block=["xla"], pins={"accelerator": "cpu"})
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    worker = context.Process(target=_report_plugin_states, args=(queue,))
+    worker.start()
+    states = queue.get(timeout=120)
+    worker.join(30)
+    assert states["xla"] == "blocked" and states["lightning"] == "loaded"

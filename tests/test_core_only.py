@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import HAS_TORCH_XLA
 
 pytestmark = pytest.mark.skipif(HAS_TORCH_XLA, reason="checks the behaviour when torch_xla is not installed")
@@ -13,7 +12,9 @@ pytestmark = pytest.mark.skipif(HAS_TORCH_XLA, reason="checks the behaviour when
 def test_selecting_xla_raises_module_not_found_naming_torch_xla(name):
     import lightning as L
 
-    with pytest.raises(ModuleNotFoundError, match=r"needs torch_xla>=2\.8, which is not installed\. pip install") as info:
+    with pytest.raises(
+        ModuleNotFoundError, match=r"needs torch_xla>=2\.8, which is not installed\. pip install"
+    ) as info:
         L.Trainer(accelerator=name, devices=1)
     assert info.value.name == "torch_xla"
 
@@ -26,7 +27,9 @@ def test_training_on_cpu_goes_through_the_plugin_connector_unchanged():
 
     import trainer_plugins
 
-    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
     trainer.fit(BoringModel())
     assert trainer_plugins.installed()
     assert type(trainer._accelerator_connector).__name__ == "TrainerConnector"

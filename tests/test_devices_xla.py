@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_python
 
 pytestmark = pytest.mark.xla
@@ -19,7 +18,8 @@ import json, warnings
 import lightning as L
 
 N = {n}
-CASES = ["auto", 1, [0], [N - 1], N, str(N), f"{{N - 1}},", 0, "0", [], None, True, 2, 3, -1, N + 1, [0, 1], "0,1,2", [N], "abc"]
+CASES = ["auto", 1, [0], [N - 1], N, str(N), f"{{N - 1}},", 0, "0", [], None, True]
+CASES += [2, 3, -1, N + 1, [0, 1], "0,1,2", [N], "abc"]
 rows = []
 for devices in CASES:
     try:
@@ -28,7 +28,8 @@ for devices in CASES:
         rows.append([repr(devices), type(error).__name__, str(error)])
         continue
     connector = trainer._accelerator_connector
-    rows.append([repr(devices), "ok", [str(d) for d in connector._parallel_devices], str(trainer.strategy.root_device) if len(connector._parallel_devices) == 1 else None])
+    parsed = [str(d) for d in connector._parallel_devices]
+    rows.append([repr(devices), "ok", parsed, str(trainer.strategy.root_device) if len(parsed) == 1 else None])
 print(json.dumps(rows))
 """
 
@@ -56,7 +57,10 @@ def test_devices_table(n):
 
     # not a count at all
     for wrong_type in ("None", "True"):
-        assert rows[wrong_type] == ["TypeError", f"`devices` for XLA must be 'auto', an int, a string or a list of ints, got {wrong_type}."]
+        assert rows[wrong_type] == [
+            "TypeError",
+            f"`devices` for XLA must be 'auto', an int, a string or a list of ints, got {wrong_type}.",
+        ]
 
     # any other count, several indices, an index out of range
     for value in ("2", "3", "-1", repr(n + 1), "[0, 1]", "'0,1,2'", repr([n])):
@@ -68,4 +72,7 @@ def test_devices_table(n):
     assert rows["'0,1,2'"][1].endswith("got [0, 1, 2].")
 
     # an unparsable string is quoted
-    assert rows["'abc'"] == ["ValueError", "Could not parse `devices='abc'` for XLA: use an int, 'auto', or indices like '0,'."]
+    assert rows["'abc'"] == [
+        "ValueError",
+        "Could not parse `devices='abc'` for XLA: use an int, 'auto', or indices like '0,'.",
+    ]

@@ -42,7 +42,10 @@ def test_load_imports_the_class_and_checks_its_lightning_base():
     pytest.importorskip("lightning")
     from lightning.pytorch.accelerators import CPUAccelerator
 
-    assert AcceleratorEntry("cpu", trainer="lightning.pytorch.accelerators:CPUAccelerator").load("trainer") is CPUAccelerator
+    assert (
+        AcceleratorEntry("cpu", trainer="lightning.pytorch.accelerators:CPUAccelerator").load("trainer")
+        is CPUAccelerator
+    )
     with pytest.raises(TypeError, match="must be a subclass of lightning.pytorch.accelerators.accelerator.Accelerator"):
         AcceleratorEntry("bad", trainer="collections:OrderedDict").load("trainer")
     with pytest.raises(LookupError, match="not available for lightning.Fabric"):

@@ -8,9 +8,9 @@ L = pytest.importorskip("lightning")
 import torch  # noqa: E402
 from lightning.fabric.plugins.environments import LightningEnvironment  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDeviceStrategy  # noqa: E402
+from plugin_helpers import make_plugin  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
-from plugin_helpers import make_plugin  # noqa: E402
 from trainer_plugins import StrategyEntry  # noqa: E402
 
 
@@ -71,7 +71,12 @@ def fit(strategy) -> tuple[L.Trainer, CountingModel]:
     model = CountingModel()
     data = DataLoader(TensorDataset(torch.randn(8, 2), torch.arange(8)), batch_size=1)
     trainer = L.Trainer(
-        accelerator="cpu", strategy=strategy, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
+        accelerator="cpu",
+        strategy=strategy,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
     )
     trainer.fit(model, data)
     return trainer, model
@@ -94,7 +99,11 @@ def test_a_custom_strategy_without_the_attribute_or_saying_false_gets_no_sampler
 
 
 def test_a_strategy_a_plugin_declares_distributed_is_whitelisted_without_the_attribute(extra_plugins):
-    declares = make_plugin(strategies=lambda: [StrategyEntry("half_of_two", trainer="test_is_distributed:HalfOfTwoReplicas", distributed=True)])
+    declares = make_plugin(
+        strategies=lambda: [
+            StrategyEntry("half_of_two", trainer="test_is_distributed:HalfOfTwoReplicas", distributed=True)
+        ]
+    )
     extra_plugins("halves", declares)
     trainer, model = fit("half_of_two")
     assert type(trainer.strategy) is HalfOfTwoReplicas

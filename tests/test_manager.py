@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from plugin_helpers import make_plugin, manager_with
+
 from trainer_plugins import Controls, PluginError, PluginManager, PluginWarning, StrategyEntry
 
 
@@ -32,7 +32,9 @@ def test_a_plugin_with_a_hook_wrapper_is_quarantined():
         yield
 
     plugin = make_plugin()
-    plugin.trainer_plugins_strategies = pytest.importorskip("trainer_plugins").hookimpl(wrapper=True)(trainer_plugins_strategies)
+    plugin.trainer_plugins_strategies = pytest.importorskip("trainer_plugins").hookimpl(wrapper=True)(
+        trainer_plugins_strategies
+    )
     with pytest.warns(PluginWarning, match="hook wrappers are not supported"):
         manager = manager_with(("npu", plugin))
     assert manager.records["npu"].state == "quarantined"
@@ -42,8 +44,13 @@ def test_a_failing_hook_of_an_uninvolved_plugin_quarantines_it_and_the_call_goes
     def broken():
         raise KeyError("boom")
 
-    manager = manager_with(("good", make_plugin(strategies=strategies("good_ddp"))), ("bad", make_plugin(strategies=broken)))
-    with pytest.warns(PluginWarning, match=r"quarantined plugin bad \(bad-dist 1.0\): hook trainer_plugins_strategies raised: KeyError: 'boom'"):
+    manager = manager_with(
+        ("good", make_plugin(strategies=strategies("good_ddp"))), ("bad", make_plugin(strategies=broken))
+    )
+    with pytest.warns(
+        PluginWarning,
+        match=r"quarantined plugin bad \(bad-dist 1.0\): hook trainer_plugins_strategies raised: KeyError: 'boom'",
+    ):
         results = manager.call_each("trainer_plugins_strategies")
     assert [record.name for record, _ in results] == ["good", "lightning"]
     assert manager.records["bad"].state == "quarantined"
@@ -56,7 +63,14 @@ def test_a_user_error_from_the_owning_plugin_reaches_the_user_unchanged():
 
     manager = manager_with(("npu", make_plugin(validate=reject)))
     with pytest.raises(ValueError, match="strategy 'ddp' cannot run on the NPU"):
-        manager.call_each("trainer_plugins_validate", frozenset({"npu"}), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+        manager.call_each(
+            "trainer_plugins_validate",
+            frozenset({"npu"}),
+            accelerator=None,
+            strategy=None,
+            parallel_devices=[],
+            api="trainer",
+        )
     assert manager.records["npu"].state == "loaded"
 
 
@@ -66,7 +80,9 @@ def test_a_user_error_from_any_plugin_in_a_decision_call_reaches_the_user_and_qu
 
     manager = manager_with(("judge", make_plugin(validate=reject)))
     with pytest.raises(NotImplementedError, match="known but unsupported"):
-        manager.call_each("trainer_plugins_validate", frozenset(), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+        manager.call_each(
+            "trainer_plugins_validate", frozenset(), accelerator=None, strategy=None, parallel_devices=[], api="trainer"
+        )
     assert manager.records["judge"].state == "loaded"
 
 
@@ -76,7 +92,12 @@ def test_a_bug_in_an_uninvolved_plugin_during_a_decision_quarantines_it():
 
     manager = manager_with(("other", make_plugin(select_environment=buggy)))
     with pytest.warns(PluginWarning, match="hook trainer_plugins_select_environment raised: AttributeError"):
-        assert manager.call_first("trainer_plugins_select_environment", frozenset({"lightning"}), accelerator=None, api="trainer") is None
+        assert (
+            manager.call_first(
+                "trainer_plugins_select_environment", frozenset({"lightning"}), accelerator=None, api="trainer"
+            )
+            is None
+        )
     assert manager.records["other"].state == "quarantined"
 
 
@@ -85,8 +106,17 @@ def test_a_bug_in_the_owning_plugin_becomes_a_plugin_error_naming_the_distributi
         raise KeyError("missing")
 
     manager = manager_with(("npu", make_plugin(validate=buggy)))
-    with pytest.raises(PluginError, match=r"plugin npu \(npu-dist 1.0\) failed in trainer_plugins_validate: KeyError: 'missing'") as info:
-        manager.call_each("trainer_plugins_validate", frozenset({"npu"}), accelerator=None, strategy=None, parallel_devices=[], api="trainer")
+    with pytest.raises(
+        PluginError, match=r"plugin npu \(npu-dist 1.0\) failed in trainer_plugins_validate: KeyError: 'missing'"
+    ) as info:
+        manager.call_each(
+            "trainer_plugins_validate",
+            frozenset({"npu"}),
+            accelerator=None,
+            strategy=None,
+            parallel_devices=[],
+            api="trainer",
+        )
     assert isinstance(info.value.__cause__, KeyError)
 
 
@@ -94,7 +124,9 @@ def test_call_first_returns_the_first_answer_in_pluggy_order():
     early = make_plugin(select_strategy=lambda accelerator: "early")
     late = make_plugin(select_strategy=lambda accelerator: "late")
     manager = manager_with(("early", early), ("late", late))  # registered last -> called first
-    record, answer = manager.call_first("trainer_plugins_select_strategy", accelerator=None, parallel_devices=[], num_nodes=1, api="trainer")
+    record, answer = manager.call_first(
+        "trainer_plugins_select_strategy", accelerator=None, parallel_devices=[], num_nodes=1, api="trainer"
+    )
     assert (record.name, answer) == ("late", "late")
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from importlib.metadata import distribution, files
 
+from conftest import run_python
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-from conftest import run_python
 
 
 def test_xla_plugins_advertises_its_hook_module_in_the_trainer_plugins_group():

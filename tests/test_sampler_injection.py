@@ -6,9 +6,8 @@ import pytest
 
 L = pytest.importorskip("lightning")
 import torch  # noqa: E402
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset  # noqa: E402
-
 from test_is_distributed import CountingModel, SaysDistributed  # noqa: E402
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 
 class FixedBatches(BatchSampler):
@@ -20,8 +19,17 @@ class FixedBatches(BatchSampler):
 
 def test_a_batch_sampler_that_cannot_be_rebuilt_gets_an_error_naming_it_and_the_switch():
     loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.arange(8)), batch_sampler=FixedBatches(8))
-    trainer = L.Trainer(accelerator="cpu", strategy=SaysDistributed(), max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
-    with pytest.raises(TypeError, match="Cannot inject a DistributedSampler into the custom batch sampler FixedBatches") as info:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        strategy=SaysDistributed(),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    with pytest.raises(
+        TypeError, match="Cannot inject a DistributedSampler into the custom batch sampler FixedBatches"
+    ) as info:
         trainer.fit(CountingModel(), loader)
     assert "Trainer(use_distributed_sampler=False)" in str(info.value)
 
@@ -30,7 +38,13 @@ def test_switching_injection_off_lets_the_batch_sampler_run_as_given():
     model = CountingModel()
     loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.arange(8)), batch_sampler=FixedBatches(8))
     trainer = L.Trainer(
-        accelerator="cpu", strategy=SaysDistributed(), use_distributed_sampler=False, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
+        accelerator="cpu",
+        strategy=SaysDistributed(),
+        use_distributed_sampler=False,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
     )
     trainer.fit(model, loader)
     assert model.indices == list(range(8))

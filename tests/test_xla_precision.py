@@ -46,7 +46,10 @@ class Recorder(L.LightningModule):
 
 def loader() -> DataLoader:
     generator = torch.Generator().manual_seed(0)
-    return DataLoader(TensorDataset(torch.randn(32, 8, generator=generator), torch.randint(0, 2, (32,), generator=generator)), batch_size=8)
+    return DataLoader(
+        TensorDataset(torch.randn(32, 8, generator=generator), torch.randint(0, 2, (32,), generator=generator)),
+        batch_size=8,
+    )
 
 
 def fit(precision: str, model: Recorder) -> L.Trainer:
@@ -66,7 +69,11 @@ def fit(precision: str, model: Recorder) -> L.Trainer:
 
 @pytest.mark.parametrize(
     ("precision", "dtype", "variable"),
-    [("32-true", torch.float32, None), ("16-true", torch.float16, "XLA_USE_F16"), ("bf16-true", torch.bfloat16, "XLA_USE_BF16")],
+    [
+        ("32-true", torch.float32, None),
+        ("16-true", torch.float16, "XLA_USE_F16"),
+        ("bf16-true", torch.bfloat16, "XLA_USE_BF16"),
+    ],
 )
 def test_fit_runs_in_the_requested_dtype_with_the_variable_set_only_during_fit(precision, dtype, variable):
     model = Recorder()
@@ -76,7 +83,12 @@ def test_fit_runs_in_the_requested_dtype_with_the_variable_set_only_during_fit(p
     assert len(model.seen) == 3
     expected_variables = {name: ("1" if name == variable else None) for name in VARIABLES}
     for step in model.seen:
-        assert step == {"parameter": (dtype, "xla"), "input": dtype, "activation": dtype, "variables": expected_variables}
+        assert step == {
+            "parameter": (dtype, "xla"),
+            "input": dtype,
+            "activation": dtype,
+            "variables": expected_variables,
+        }
     assert not {name for name in VARIABLES if name in os.environ}
 
 

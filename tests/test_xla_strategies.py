@@ -18,7 +18,15 @@ import xla_plugins  # noqa: E402
 
 
 def quiet_trainer(**flags) -> L.Trainer:
-    defaults = dict(accelerator="xla", devices=1, max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    defaults = dict(
+        accelerator="xla",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     return L.Trainer(**{**defaults, **flags})
 
 
@@ -47,7 +55,9 @@ class SkipsBackward(L.LightningModule):
 
 
 def test_returning_none_from_training_step_under_automatic_optimization_is_rejected():
-    with pytest.raises(MisconfigurationException, match="Skipping backward is not supported on XLA with automatic optimization"):
+    with pytest.raises(
+        MisconfigurationException, match="Skipping backward is not supported on XLA with automatic optimization"
+    ):
         quiet_trainer().fit(SkipsBackward(), data())
 
 
@@ -62,11 +72,14 @@ def test_before_launch_the_spawn_strategy_has_placeholders_and_harmless_collecti
     assert (strategy.world_size, strategy.global_rank, strategy.local_rank, strategy.node_rank) == (1, 0, 0, 0)
     assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
     with pytest.raises(RuntimeError, match="no root device before its workers are launched"):
-        strategy.root_device
+        _ = strategy.root_device
     strategy.barrier()
     strategy.barrier(None)
     assert strategy.broadcast({"a": 1}) == {"a": 1}
-    assert "is_distributed" not in vars(type(strategy)) and type(strategy.cluster_environment).__module__ == "xla_plugins.environment"
+    assert (
+        "is_distributed" not in vars(type(strategy))
+        and type(strategy.cluster_environment).__module__ == "xla_plugins.environment"
+    )
 
 
 def test_dataloaders_are_wrapped_in_mp_device_loader_exactly_once():
@@ -108,3 +121,22 @@ def test_device_stats_report_memory_in_mib_from_torch_xla_memory_info():
         "memory.limit (MiB)": 34088157184 / 2**20,
         "memory.peak (MiB)": 500816 / 2**20,
     }
+
+
+def test_a_backward_pass_before_the_xla_runtime_started_gives_a_clear_error():
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import torch
+        from lightning.pytorch.demos.boring_classes import BoringModel
+        import lightning as L
+        x = torch.ones(2, requires_grad=True)
+        (x * 2).sum().backward()  # the process's first backward pass, on the CPU
+        try:
+            L.Trainer(accelerator="xla", devices=1, max_steps=1, logger=False).fit(BoringModel())
+        except RuntimeError as error:
+            print("error:", error)
+        """
+    )
+    assert "error: This process ran a backward pass before starting the XLA runtime" in result.stdout

@@ -69,7 +69,9 @@ def _all_reduce_flat(reduce_type: str, tensor: torch.Tensor, scale: float, group
     return reduced.reshape(tensor.shape)
 
 
-def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Optional[list[list[int]]] = None, pin_layout: bool = True) -> Any:
+def all_reduce(
+    reduce_type: str, inputs: Any, scale: float = 1.0, groups: Optional[list[list[int]]] = None, pin_layout: bool = True
+) -> Any:
     """``xm.all_reduce`` with a channel id; a list of tensors is reduced in place, as in torch_xla."""
     if xr.world_size() == 1:
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
@@ -82,7 +84,9 @@ def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Option
     return inputs
 
 
-def _gather_one(value: torch.Tensor, dim: int = 0, groups: Optional[list[list[int]]] = None, pin_layout: bool = True) -> torch.Tensor:
+def _gather_one(
+    value: torch.Tensor, dim: int = 0, groups: Optional[list[list[int]]] = None, pin_layout: bool = True
+) -> torch.Tensor:
     groups = _replica_groups(groups)
     dim = dim % value.dim() if value.dim() else 0
     leading = value.movedim(dim, 0) if value.dim() else value.reshape(1)
@@ -98,18 +102,41 @@ def _copy_into(output: Any, results: Any) -> Any:
         if isinstance(output, torch.Tensor):
             output.copy_(results)
         else:
-            for target, result in zip(output, results):
+            for target, result in zip(output, results, strict=True):
                 target.copy_(result)
     return output
 
 
-def all_gather(value: Any, dim: int = 0, groups: Optional[list[list[int]]] = None, output: Any = None, pin_layout: bool = True, channel_id: Any = None, use_global_device_ids: Any = None) -> Any:
+def all_gather(
+    value: Any,
+    dim: int = 0,
+    groups: Optional[list[list[int]]] = None,
+    output: Any = None,
+    pin_layout: bool = True,
+    channel_id: Any = None,
+    use_global_device_ids: Any = None,
+) -> Any:
     """``xm.all_gather`` with a channel id (a tensor, or a list of tensors gathered one by one)."""
-    results = _gather_one(value, dim, groups) if isinstance(value, torch.Tensor) else [_gather_one(v, dim, groups) for v in value]
+    results = (
+        _gather_one(value, dim, groups)
+        if isinstance(value, torch.Tensor)
+        else [_gather_one(v, dim, groups) for v in value]
+    )
     return results if output is None else _copy_into(output, results)
 
 
-def reduce_scatter(reduce_type: str, input: Any, scale: float, scatter_dim: int, shard_count: int, groups: Optional[list[list[int]]] = None, output: Any = None, pin_layout: bool = True, channel_id: Any = None, use_global_device_ids: Any = None) -> Any:  # noqa: A002
+def reduce_scatter(
+    reduce_type: str,
+    input: Any,
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Optional[list[list[int]]] = None,
+    output: Any = None,
+    pin_layout: bool = True,
+    channel_id: Any = None,
+    use_global_device_ids: Any = None,
+) -> Any:  # noqa: A002
     """``xm.reduce_scatter`` with a channel id."""
     if not isinstance(input, torch.Tensor):
         results = [reduce_scatter(reduce_type, t, scale, scatter_dim, shard_count, groups) for t in input]
@@ -117,7 +144,16 @@ def reduce_scatter(reduce_type: str, input: Any, scale: float, scatter_dim: int,
     leading = input.movedim(scatter_dim, 0)
     token = torch_xla._XLAC._get_all_reduce_token("")
     scattered = torch_xla._XLAC._xla_reduce_scatter(
-        reduce_type, leading.reshape(-1), token, scale, 0, shard_count, _replica_groups(groups), False, _REDUCE_SCATTER_CHANNEL, True
+        reduce_type,
+        leading.reshape(-1),
+        token,
+        scale,
+        0,
+        shard_count,
+        _replica_groups(groups),
+        False,
+        _REDUCE_SCATTER_CHANNEL,
+        True,
     )
     scattered = scattered[0] if isinstance(scattered, (tuple, list)) else scattered
     result = scattered.reshape((-1, *leading.shape[1:])).movedim(0, scatter_dim)

@@ -22,7 +22,14 @@ _EXPORTS = {
     "trainer_plugins._catalog": ("Catalog", "PluginConflictError", "get_catalog"),
     "trainer_plugins._controls": ("Controls", "configure"),
     "trainer_plugins._connector": ("Connector", "Decision", "Explanation"),
-    "trainer_plugins._lightning": ("FabricConnector", "TrainerConnector", "TrainerDataConnector", "explain"),
+    "trainer_plugins._lightning": (
+        "CHECKPOINT_KEY",
+        "FabricConnector",
+        "PluginSetCheckpoint",
+        "TrainerConnector",
+        "TrainerDataConnector",
+        "explain",
+    ),
     "trainer_plugins._install": ("install", "installed", "uninstall"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from trainer_plugins._entries import AcceleratorEntry, EnvironmentEntry, PrecisionEntry, StrategyEntry
 from trainer_plugins._hookspecs import hookimpl
@@ -33,7 +33,13 @@ def lightning_version() -> Optional[str]:
     return installed_version("lightning")
 
 
-def _both(module: str, cls: str) -> dict[str, str]:
+class _Paths(TypedDict):
+    trainer: str
+    fabric: str
+
+
+def _both(module: str, cls: str) -> _Paths:
+    """The same class name in ``lightning.pytorch.<module>`` (Trainer) and ``lightning.fabric.<module>``."""
     return {"trainer": f"{_PL}.{module}:{cls}", "fabric": f"{_FAB}.{module}:{cls}"}
 
 
@@ -76,7 +82,10 @@ STRATEGIES = (
 
 #: Lightning's whitelist of distributed strategy classes (its connector's ``is_distributed``).
 DISTRIBUTED_STRATEGIES = {
-    api: tuple(f"{root}.strategies:{cls}" for cls in ("DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "XLAStrategy"))
+    api: tuple(
+        f"{root}.strategies:{cls}"
+        for cls in ("DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "XLAStrategy")
+    )
     for api, root in (("trainer", _PL), ("fabric", _FAB))
 }
 
@@ -84,7 +93,12 @@ PRECISIONS = (
     PrecisionEntry("precision", **_both("plugins.precision", "Precision"), precisions=("32-true",)),
     PrecisionEntry("double", **_both("plugins.precision", "DoublePrecision"), precisions=("64-true",)),
     PrecisionEntry("half", **_both("plugins.precision", "HalfPrecision"), precisions=("16-true", "bf16-true")),
-    PrecisionEntry("mixed", trainer=f"{_PL}.plugins.precision:MixedPrecision", fabric=f"{_FAB}.plugins.precision:MixedPrecision", precisions=("16-mixed", "bf16-mixed")),
+    PrecisionEntry(
+        "mixed",
+        trainer=f"{_PL}.plugins.precision:MixedPrecision",
+        fabric=f"{_FAB}.plugins.precision:MixedPrecision",
+        precisions=("16-mixed", "bf16-mixed"),
+    ),
     PrecisionEntry("xla", **_both("plugins.precision", "XLAPrecision"), precisions=("32-true", "16-true", "bf16-true")),
 )
 

@@ -17,7 +17,14 @@ from typing import Any, Optional
 
 from trainer_plugins._entries import ENTRY_TYPES, _Entry
 from trainer_plugins._hookspecs import DECLARATION_HOOKS
-from trainer_plugins._manager import BUILTIN_PLUGIN, PluginError, PluginManager, PluginRecord, PluginWarning, get_plugin_manager
+from trainer_plugins._manager import (
+    BUILTIN_PLUGIN,
+    PluginError,
+    PluginManager,
+    PluginRecord,
+    PluginWarning,
+    get_plugin_manager,
+)
 
 
 class PluginConflictError(PluginError):
@@ -62,7 +69,9 @@ class Conflict:
         """One line naming every claimant's distribution and the outcome."""
         who = ", ".join(claim.plugin.label for claim in self.claims)
         if self.winner is None:
-            return f"{self.role} {self.name!r} is claimed by {who}; none declared override=True, so the name is unusable"
+            return (
+                f"{self.role} {self.name!r} is claimed by {who}; none declared override=True, so the name is unusable"
+            )
         return f"{self.role} {self.name!r} is claimed by {who}; {self.winner.plugin.label} wins"
 
 
@@ -167,7 +176,9 @@ def _checked_entries(manager: PluginManager, record: PluginRecord, role: str, en
     expected = ENTRY_TYPES[role]
     if isinstance(entries, (list, tuple)) and all(isinstance(entry, expected) for entry in entries):
         return entries
-    manager._quarantine(record, f"{DECLARATION_HOOKS[role]} must return a list of {expected.__name__}", TypeError(repr(entries)))
+    manager._quarantine(
+        record, f"{DECLARATION_HOOKS[role]} must return a list of {expected.__name__}", TypeError(repr(entries))
+    )
     return ()
 
 

@@ -52,7 +52,9 @@ def _print_listing(listing: dict[str, Any]) -> None:
         for role, names in plugin["provides"].items():
             shown = []
             for item in names:
-                marks = [mark for mark, on in (("deprecated", item["deprecated"]), ("not active", not item["active"])) if on]
+                marks = [
+                    mark for mark, on in (("deprecated", item["deprecated"]), ("not active", not item["active"])) if on
+                ]
                 shown.append(item["name"] + (f" ({', '.join(marks)})" if marks else ""))
             print(f"    {role}: {', '.join(shown)}")
     if listing["conflicts"]:

@@ -145,6 +145,7 @@ class Connector:
             return
         known = set(lightning_names) | set(self.catalog.names(role, self.api, include_deprecated=True))
         if flag.lower() not in known:
+            self.catalog.find(role, flag.lower())  # a contested name: PluginConflictError names the claimants
             choices = ", ".join((*KEYWORDS[role], *sorted(known)))
             raise ValueError(
                 f"Unknown {role} name `{role}={flag!r}`. Registered names: {choices}.{self.catalog.quarantine_note()}"
@@ -208,17 +209,8 @@ class Connector:
         pinned = self._pin("accelerator")
         if pinned:
             return pinned
-        ranked = sorted(
-            (
-                (claim.entry.auto_priority, name, claim)
-                for name, claim in self.catalog.claims.get("accelerator", {}).items()
-                if name == claim.entry.name and claim.entry.auto_priority is not None and claim.plugin.state == "loaded"
-                and claim.entry.class_path(self.api) is not None
-            ),
-            key=lambda item: -item[0],
-        )
-        skipped = []
-        for priority, name, claim in ranked:
+        skipped: list[str] = []
+        for priority, name, claim in self._auto_candidates():
             if self._available(name, claim):
                 reason = f"available, highest auto priority ({priority})"
                 if skipped:
@@ -228,6 +220,16 @@ class Connector:
             skipped.append(f"{name} ({priority})")
         raise RuntimeError("No accelerator is available, not even 'cpu'.")  # cpu is always available
 
+    def _auto_candidates(self) -> list[tuple[int, str, Claim]]:
+        """``(priority, name, claim)`` of each loaded accelerator ``"auto"`` may pick, best first."""
+        candidates = []
+        for name, claim in self.catalog.claims.get("accelerator", {}).items():
+            priority = getattr(claim.entry, "auto_priority", None)
+            usable = claim.plugin.state == "loaded" and claim.entry.class_path(self.api) is not None
+            if name == claim.entry.name and priority is not None and usable:
+                candidates.append((priority, name, claim))
+        return sorted(candidates, key=lambda candidate: -candidate[0])
+
     def _available(self, name: str, claim: Claim) -> bool:
         # a probe that raises quarantines its plugin instead of failing a run that may not need it
         answer = self.catalog.manager.call_first("trainer_plugins_accelerator_available", name=name)
@@ -235,7 +237,8 @@ class Connector:
             return False
         if answer is not None:
             return bool(answer[1])
-        return bool(claim.entry.load(self.api).is_available())
+        accelerator_class: Any = claim.entry.load(self.api)
+        return bool(accelerator_class.is_available())
 
     def make_accelerator(self, claim: Claim) -> Any:
         """Build the accelerator of a plugin claim (its constructor reports a missing runtime)."""
@@ -250,7 +253,9 @@ class Connector:
         pinned = self._pin("environment")
         if pinned:
             return self._instantiate(self.catalog.claims["environment"][pinned])
-        answer = self._ask_first("trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator)
+        answer = self._ask_first(
+            "trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator
+        )
         if answer is None:
             return None
         record, environment = answer
@@ -259,7 +264,9 @@ class Connector:
 
     # --- strategy --------------------------------------------------------------------------------
 
-    def choose_strategy(self, accelerator: Any, parallel_devices: list[Any], num_nodes: int) -> Optional[Union[str, Any]]:
+    def choose_strategy(
+        self, accelerator: Any, parallel_devices: list[Any], num_nodes: int
+    ) -> Optional[Union[str, Any]]:
         """What ``strategy="auto"`` means here: the pin, a plugin's choice, or ``None`` for Lightning's rule.
 
         For an accelerator that a plugin provides but whose plugin does not choose, the strategy
@@ -271,19 +278,32 @@ class Connector:
             return pinned
         owners = self._owners(accelerator=accelerator)
         answer = self._ask_first(
-            "trainer_plugins_select_strategy", owners, accelerator=accelerator, parallel_devices=parallel_devices, num_nodes=num_nodes
+            "trainer_plugins_select_strategy",
+            owners,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            num_nodes=num_nodes,
         )
         if answer is not None:
             record, name = answer
-            self.note("strategy", name, record.label, f"chosen for {len(parallel_devices)} device(s), {num_nodes} node(s)")
+            self.note(
+                "strategy", name, record.label, f"chosen for {len(parallel_devices)} device(s), {num_nodes} node(s)"
+            )
             return name
         if not owners - {BUILTIN_PLUGIN}:
             return None
         if len(parallel_devices) > 1 or num_nodes > 1:
-            self.note("strategy", "ddp", "trainer-plugins", "plugin accelerator without a strategy choice, several devices")
+            self.note(
+                "strategy", "ddp", "trainer-plugins", "plugin accelerator without a strategy choice, several devices"
+            )
             return "ddp"
         single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")(device=parallel_devices[0])
-        self.note("strategy", single, "trainer-plugins", f"plugin accelerator without a strategy choice, on {parallel_devices[0]}")
+        self.note(
+            "strategy",
+            single,
+            "trainer-plugins",
+            f"plugin accelerator without a strategy choice, on {parallel_devices[0]}",
+        )
         return single
 
     def make_strategy(self, name: str, parallel_devices: list[Any]) -> Optional[Any]:

@@ -92,7 +92,9 @@ class _Entry:
         cls = resolve_name(path)
         base = resolve_name(ROLE_BASES[(self.role, api)])
         if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise TypeError(f"{self.role} {self.name!r}: {path} must be a subclass of {base.__module__}.{base.__name__}")
+            raise TypeError(
+                f"{self.role} {self.name!r}: {path} must be a subclass of {base.__module__}.{base.__name__}"
+            )
         return cls
 
     def loaded_class(self, api: str) -> Optional[type]:

@@ -11,13 +11,15 @@ own method when no plugin answers. :func:`trainer_plugins.install` (or the start
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from lightning.fabric.connector import _Connector
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_debug, rank_zero_info
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
+from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import LIGHTNING_RULE, Connector
@@ -42,7 +44,9 @@ class _PluginConnectorMixin:
     _registered_strategies: list[str]
     _cluster_environment_flag: Any
 
-    def _check_config_and_set_final_flags(self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any) -> None:
+    def _check_config_and_set_final_flags(
+        self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any
+    ) -> None:
         connector = self.plugin_connector = Connector(self._api)
         lightning_accelerators = getattr(self, self._accelerator_names_attr)
         lightning_strategies = self._registered_strategies
@@ -77,7 +81,10 @@ class _PluginConnectorMixin:
         if claim is None:
             self._note_lightning_choice("accelerator", self.accelerator, given)
         self.plugin_connector.note(
-            "devices", repr(self._parallel_devices), self._label_of("accelerator", self.accelerator), "accelerator.parse_devices"
+            "devices",
+            repr(self._parallel_devices),
+            self._label_of("accelerator", self.accelerator),
+            "accelerator.parse_devices",
         )
 
     def _choose_and_init_cluster_environment(self) -> Any:
@@ -157,7 +164,7 @@ class _PluginConnectorMixin:
         self.plugin_connector.note(role, obj, self._label_of(role, obj), reason)
 
 
-class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):
+class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):  # type: ignore[misc]
     """``lightning.Trainer``'s connector, asking the plugins before applying Lightning's rules."""
 
     _api = "trainer"
@@ -166,7 +173,7 @@ class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):
     _precision_instance_attr = "_precision_plugin_flag"
 
 
-class FabricConnector(_PluginConnectorMixin, _Connector):
+class FabricConnector(_PluginConnectorMixin, _Connector):  # type: ignore[misc]
     """``lightning.Fabric``'s connector, asking the plugins before applying Lightning's rules."""
 
     _api = "fabric"
@@ -183,7 +190,7 @@ class TrainerDataConnector(_DataConnector):
     ``TypeError``; this names the batch sampler and the two ways out.
     """
 
-    def _prepare_dataloader(self, dataloader: object, shuffle: Optional[bool] = None, mode: Optional[Any] = None) -> object:
+    def _prepare_dataloader(self, dataloader: object, shuffle: bool, mode: RunningStage) -> object:
         try:
             return super()._prepare_dataloader(dataloader, shuffle=shuffle, mode=mode)
         except TypeError as error:
@@ -196,6 +203,39 @@ class TrainerDataConnector(_DataConnector):
                 " BatchSampler), or switch injection off with `Trainer(use_distributed_sampler=False)` and shard"
                 " the data across ranks in your batch sampler yourself."
             ) from error
+
+
+#: Checkpoint key under which :class:`PluginSetCheckpoint` stores the resolved plugin set.
+CHECKPOINT_KEY = "trainer_plugins"
+
+
+class PluginSetCheckpoint(Callback):
+    """Stores in every checkpoint which plugin, at which version, supplied each role of the run.
+
+    Added to every ``lightning.Trainer`` through Lightning's ``lightning.pytorch.callbacks_factory``
+    entry point. The record sits under ``checkpoint["trainer_plugins"]`` (read it back with
+    ``torch.load(path)["trainer_plugins"]``): ``{"decisions": [Decision as dict, ...], "plugins":
+    [{"name", "distribution", "version", "state"}, ...]}``. Nothing is stored when the Trainer does
+    not use the plugin-aware connector.
+    """
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        connector = getattr(trainer._accelerator_connector, "plugin_connector", None)
+        if connector is None:
+            return
+        records = connector.catalog.manager.records.values()
+        checkpoint[CHECKPOINT_KEY] = {
+            "decisions": connector.explanation.as_dicts(),
+            "plugins": [
+                {"name": r.name, "distribution": r.distribution, "version": r.version, "state": r.state}
+                for r in records
+            ],
+        }
+
+
+def checkpoint_callbacks() -> list[Callback]:
+    """The ``lightning.pytorch.callbacks_factory`` entry point: one :class:`PluginSetCheckpoint`."""
+    return [PluginSetCheckpoint()]
 
 
 def explain(api: str = "trainer", **flags: Any) -> Any:

@@ -102,8 +102,10 @@ class PluginManager(pluggy.PluginManager):
                 distribution=dist.name if dist is not None else None,
                 version=dist.version if dist is not None else None,
             )
-            if ep.name in self.records:
-                other = self.records[ep.name]
+            other = self.records.get(ep.name)
+            if other is not None and (other.distribution, other.value) == (record.distribution, record.value):
+                continue  # already loaded: loading twice changes nothing
+            if other is not None:
                 self._set_state(record, "quarantined", f"plugin name {ep.name!r} is also used by {other.label}")
                 self.records[f"{ep.name}@{record.distribution}"] = record
                 continue
@@ -220,7 +222,9 @@ class PluginManager(pluggy.PluginManager):
                 if owners is None or name not in owners:
                     self._quarantine(record, f"hook {hook_name} raised", error)
                     continue
-                raise PluginError(f"plugin {record.label} failed in {hook_name}: {type(error).__name__}: {error}") from error
+                raise PluginError(
+                    f"plugin {record.label} failed in {hook_name}: {type(error).__name__}: {error}"
+                ) from error
             if result is not None:
                 yield record, result
 

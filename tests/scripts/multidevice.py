@@ -30,6 +30,7 @@ def per_device(tensor: torch.Tensor) -> dict[int, list]:
     """What each device holds of ``tensor``: its shard under SPMD (key = device), else all of it (key -1)."""
     if not (SPMD and tensor.device.type == "xla"):
         return {-1: tensor.tolist()}
+    torch_xla.sync(wait=True)  # shards can be read only once no execution is in flight
     shards = torch_xla._XLAC._get_local_shards([tensor])[0]
     return {int(device.split(":")[1]): shard.tolist() for shard, device in shards}
 
@@ -68,7 +69,9 @@ class Recorder(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y, index = batch
         loss = nn.functional.cross_entropy(self.net(x), y)
-        self.record(kind="step", epoch=self.current_epoch, step=self.global_step, loss=loss.item(), devices=per_device(index))
+        self.record(
+            kind="step", epoch=self.current_epoch, step=self.global_step, loss=loss.item(), devices=per_device(index)
+        )
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -77,11 +80,16 @@ class Recorder(L.LightningModule):
 
     def on_train_end(self) -> None:
         if SPMD and self.device.type == "xla":
+            torch_xla.sync(wait=True)
             copies = torch_xla._XLAC._get_local_shards(list(self.parameters()))
             for device in range(len(copies[0])):
-                self.record(kind="parameters", devices={device: [param[device][0].flatten().tolist() for param in copies]})
+                self.record(
+                    kind="parameters", devices={device: [param[device][0].flatten().tolist() for param in copies]}
+                )
         else:
-            self.record(kind="parameters", devices={-1: [p.detach().cpu().flatten().tolist() for p in self.parameters()]})
+            self.record(
+                kind="parameters", devices={-1: [p.detach().cpu().flatten().tolist() for p in self.parameters()]}
+            )
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.5)
@@ -89,7 +97,14 @@ class Recorder(L.LightningModule):
 
 def make_trainer(args: argparse.Namespace, epochs: int, root: str, **flags: object) -> L.Trainer:
     flags = {"accelerator": "xla", "devices": args.devices, "strategy": args.strategy, **flags}
-    return L.Trainer(max_epochs=epochs, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root, **flags)
+    return L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **flags,
+    )
 
 
 def main() -> None:
@@ -130,7 +145,9 @@ def main() -> None:
     # Last: a backward pass in this process would be inherited, half set up, by later forked workers.
     cpu_out = os.path.join(args.out, "cpu")
     os.makedirs(cpu_out)
-    cpu = make_trainer(args, EPOCHS + 1, cpu_out, accelerator="cpu", devices=1, strategy="auto", enable_checkpointing=False)
+    cpu = make_trainer(
+        args, EPOCHS + 1, cpu_out, accelerator="cpu", devices=1, strategy="auto", enable_checkpointing=False
+    )
     cpu.fit(Recorder(cpu_out), train, ckpt_path=path)
 
     summary = {

@@ -12,11 +12,15 @@ from typing import Any
 _EXPORTS = {
     "xla_plugins.accelerator": ("TPUAccelerator", "XLAAccelerator"),
     "xla_plugins.environment": ("XLAEnvironment",),
-    "xla_plugins.precision": ("TPUBf16PrecisionPlugin", "TPUPrecisionPlugin", "XLAPrecision"),
-    "xla_plugins.strategies.single_xla": ("SingleDeviceXLAStrategy", "SingleTPUStrategy"),
-    "xla_plugins.strategies.xla": ("XLAStrategy",),
-    "xla_plugins.strategies.xla_spmd": ("XLASPMDStrategy",),
-    "xla_plugins.strategies.launcher": ("XLALauncher", "WorkerTraceback"),
+    "xla_plugins.precision": ("FabricXLAPrecision", "TPUBf16PrecisionPlugin", "TPUPrecisionPlugin", "XLAPrecision"),
+    "xla_plugins.strategies.single_xla": (
+        "FabricSingleDeviceXLAStrategy",
+        "SingleDeviceXLAStrategy",
+        "SingleTPUStrategy",
+    ),
+    "xla_plugins.strategies.xla": ("FabricXLAStrategy", "XLAStrategy"),
+    "xla_plugins.strategies.xla_spmd": ("FabricXLASPMDStrategy", "XLASPMDStrategy"),
+    "xla_plugins.strategies.launcher": ("FabricXLALauncher", "WorkerTraceback", "XLALauncher"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -6,7 +6,7 @@ data, and the decision hooks import what they need when a run is configured.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from trainer_plugins import AcceleratorEntry, EnvironmentEntry, PrecisionEntry, StrategyEntry, hookimpl
 
@@ -23,6 +23,7 @@ def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
         AcceleratorEntry(
             "xla",
             trainer=f"{_PKG}.accelerator:XLAAccelerator",
+            fabric=f"{_PKG}.accelerator:XLAAccelerator",
             description="XLA devices through torch_xla's PJRT runtime (TPU, CPU, CUDA, ...)",
             aliases=("tpu",),
             auto_priority=100,
@@ -37,6 +38,7 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
         StrategyEntry(
             "single_xla",
             trainer=f"{_PKG}.strategies.single_xla:SingleDeviceXLAStrategy",
+            fabric=f"{_PKG}.strategies.single_xla:FabricSingleDeviceXLAStrategy",
             description="one XLA device, one process",
             deprecated_aliases=("single_tpu",),
             override=True,
@@ -44,6 +46,7 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
         StrategyEntry(
             "xla",
             trainer=f"{_PKG}.strategies.xla:XLAStrategy",
+            fabric=f"{_PKG}.strategies.xla:FabricXLAStrategy",
             description="all devices, one worker per device (torch_xla multiprocessing)",
             distributed=True,
             override=True,
@@ -59,6 +62,7 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
         StrategyEntry(
             "xla_spmd",
             trainer=f"{_PKG}.strategies.xla_spmd:XLASPMDStrategy",
+            fabric=f"{_PKG}.strategies.xla_spmd:FabricXLASPMDStrategy",
             description="all devices from one process, batch sharded over a mesh (torch_xla SPMD)",
             distributed=True,
         ),
@@ -71,6 +75,7 @@ def trainer_plugins_precisions() -> list[PrecisionEntry]:
         PrecisionEntry(
             "xla",
             trainer=f"{_PKG}.precision:XLAPrecision",
+            fabric=f"{_PKG}.precision:FabricXLAPrecision",
             description="true 32/16/bf16 precision on XLA",
             precisions=("32-true", "16-true", "bf16-true"),
             override=True,
@@ -84,6 +89,7 @@ def trainer_plugins_environments() -> list[EnvironmentEntry]:
         EnvironmentEntry(
             "xla",
             trainer=f"{_PKG}.environment:XLAEnvironment",
+            fabric=f"{_PKG}.environment:XLAEnvironment",
             description="world size and ranks from torch_xla.runtime",
             override=True,
         )
@@ -105,22 +111,37 @@ def _is_xla_accelerator(accelerator: Any) -> bool:
     return isinstance(accelerator, XLAAccelerator)
 
 
-def _xla_strategy_classes(api: str) -> tuple[type, ...]:
-    """The strategies that run on XLA devices: Lightning's (which this plugin's subclass) and SPMD."""
+class _XLAStrategies(NamedTuple):
+    """The strategy classes that run on XLA devices for one api (this plugin's subclass Lightning's)."""
+
+    every: tuple[type, ...]
+    multi_device: tuple[type, ...]
+    one_worker_per_device: tuple[type, ...]
+
+
+def _xla_strategies(api: str) -> _XLAStrategies:
+    single: tuple[type, ...]
+    spawn: tuple[type, ...]
+    spmd: type
     if api == "trainer":
         from lightning.pytorch.strategies import SingleDeviceXLAStrategy, XLAStrategy
 
         from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
 
-        return (SingleDeviceXLAStrategy, XLAStrategy, XLASPMDStrategy)
-    from lightning.fabric.strategies import SingleDeviceXLAStrategy as FabricSingle
-    from lightning.fabric.strategies import XLAFSDPStrategy, XLAStrategy as FabricXLA
+        single, spawn, spmd = (SingleDeviceXLAStrategy,), (XLAStrategy,), XLASPMDStrategy
+    else:
+        from lightning.fabric.strategies import SingleDeviceXLAStrategy as FabricSingle
+        from lightning.fabric.strategies import XLAFSDPStrategy
+        from lightning.fabric.strategies import XLAStrategy as FabricXLA
 
-    return (FabricSingle, FabricXLA, XLAFSDPStrategy)
+        from xla_plugins.strategies.xla_spmd import FabricXLASPMDStrategy
+
+        single, spawn, spmd = (FabricSingle,), (FabricXLA, XLAFSDPStrategy), FabricXLASPMDStrategy
+    return _XLAStrategies(single + spawn + (spmd,), spawn + (spmd,), spawn)
 
 
 @hookimpl
-def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any], api: str) -> Optional[str]:
+def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any]) -> Optional[str]:
     """One device: ``single_xla``. Several: ``xla`` (Lightning's choice), unless its collectives hang here."""
     if not _is_xla_accelerator(accelerator):
         return None
@@ -132,9 +153,9 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
         from lightning.fabric.utilities.rank_zero import rank_zero_info
 
         rank_zero_info(
-            f"trainer-plugins: strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses the SPMD"
-            " strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this device"
-            " with this torch_xla."
+            f"trainer-plugins: strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
+            " the SPMD strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this"
+            " device with this torch_xla."
         )
         return "xla_spmd"
     return "xla"
@@ -142,15 +163,16 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
 
 @hookimpl
 def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_input: Any, api: str) -> Any:
-    if not (_is_xla_accelerator(accelerator) or isinstance(strategy, _xla_strategy_classes(api))):
+    if not (_is_xla_accelerator(accelerator) or isinstance(strategy, _xla_strategies(api).every)):
         return None
-    from xla_plugins.precision import XLAPrecision
+    from xla_plugins.precision import FabricXLAPrecision, XLAPrecision
 
-    return XLAPrecision("32-true" if precision_input is None else precision_input)
+    precision_class = XLAPrecision if api == "trainer" else FabricXLAPrecision
+    return precision_class("32-true" if precision_input is None else precision_input)
 
 
 @hookimpl
-def trainer_plugins_select_environment(accelerator: Any, api: str) -> Any:
+def trainer_plugins_select_environment(accelerator: Any) -> Any:
     if not _is_xla_accelerator(accelerator):
         return None
     from xla_plugins.environment import XLAEnvironment
@@ -160,34 +182,30 @@ def trainer_plugins_select_environment(accelerator: Any, api: str) -> Any:
 
 @hookimpl
 def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: list[Any], api: str) -> None:
-    xla_strategy = isinstance(strategy, _xla_strategy_classes(api))
-    if _is_xla_accelerator(accelerator) and not xla_strategy:
+    strategies = _xla_strategies(api)
+    on_xla = _is_xla_accelerator(accelerator)
+    if on_xla and not isinstance(strategy, strategies.every):
         raise ValueError(
             f"The XLA accelerator cannot run strategy {type(strategy).__name__}. Use strategy='auto',"
-            " 'single_xla' (one device) or 'xla' (all devices)."
+            " 'single_xla' (one device), 'xla' or 'xla_spmd' (all devices)."
         )
-    if xla_strategy and not _is_xla_accelerator(accelerator):
+    if not on_xla and isinstance(strategy, strategies.every):
         raise ValueError(
             f"Strategy {type(strategy).__name__} runs on XLA devices only, but the accelerator is"
             f" {type(accelerator).__name__}. Use accelerator='xla' (or 'tpu')."
         )
-    from lightning.pytorch.strategies import XLAStrategy
-
-    from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
-
-    multi_device = (XLAStrategy, XLASPMDStrategy)
-    if isinstance(strategy, multi_device) and len(parallel_devices) == 1:
+    if isinstance(strategy, strategies.multi_device) and len(parallel_devices) == 1:
         raise NotImplementedError(
             f"The multi-device XLA strategy {type(strategy).__name__} cannot run on a single device."
             " Use strategy='single_xla' (or strategy='auto') for one device."
         )
-    if isinstance(strategy, XLAStrategy):
+    if isinstance(strategy, strategies.one_worker_per_device):
         from xla_plugins import _runtime
 
         if _runtime.spawn_collectives_hang():
             raise NotImplementedError(
-                f"The one-worker-per-device strategy 'xla' would hang in its first collective on PJRT"
-                f" {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"
+                f"The one-worker-per-device strategy {type(strategy).__name__} would hang in its first collective on"
+                f" PJRT {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"
                 " collectives without a channel id. Use strategy='xla_spmd' (or strategy='auto') for several devices."
             )
 

@@ -62,16 +62,19 @@ def require_torch_xla() -> ModuleType:
     import torch_xla.runtime as xr
 
     if xr.device_type() is None:
-        raise RuntimeError("The XLA XRT runtime is not supported anymore; set PJRT_DEVICE (TPU, CPU, CUDA, ...) to use PJRT.")
+        raise RuntimeError(
+            "The XLA XRT runtime is not supported anymore; set PJRT_DEVICE (TPU, CPU, CUDA, ...) to use PJRT."
+        )
     if not chosen_by_user:
         _log_default_device(xr.device_type())
     return torch_xla
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _log_default_device(device_type: str) -> None:
     log.warning(
-        "PJRT_DEVICE was not set, so torch_xla selected PJRT_DEVICE=%s%s. Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose.",
+        "PJRT_DEVICE was not set, so torch_xla selected PJRT_DEVICE=%s%s."
+        " Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose.",
         device_type,
         " because no TPU was found" if device_type == "CPU" else "",
     )

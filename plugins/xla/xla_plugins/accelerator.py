@@ -7,6 +7,7 @@ from typing import Any, Union
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
+from lightning.fabric.utilities.types import _DEVICE
 from lightning.pytorch.accelerators.xla import XLAAccelerator as _LightningXLAAccelerator
 from typing_extensions import override
 
@@ -45,6 +46,7 @@ class XLAAccelerator(_LightningXLAAccelerator):
         deprecation notice for it.
         """
         torch.zeros(1, device=device)
+        _check_autograd_engine(device)
 
     @staticmethod
     @override
@@ -87,13 +89,13 @@ class XLAAccelerator(_LightningXLAAccelerator):
 
     @staticmethod
     @override
-    def auto_device_count() -> int:
+    def auto_device_count() -> int:  # type: ignore[override]  # Lightning's caches the TPU-only count
         """The number of devices of the active PJRT device type, from the PJRT runtime."""
         return _runtime.device_count()
 
     @staticmethod
     @override
-    def is_available() -> bool:
+    def is_available() -> bool:  # type: ignore[override]  # Lightning's caches the TPU-only answer
         """Whether torch_xla is installed and its active PJRT device has at least one device."""
         try:
             return _runtime.device_count() > 0
@@ -101,7 +103,7 @@ class XLAAccelerator(_LightningXLAAccelerator):
             return False
 
     @override
-    def get_device_stats(self, device: Union[str, torch.device]) -> dict[str, float]:
+    def get_device_stats(self, device: _DEVICE) -> dict[str, Any]:
         """Memory of ``device`` in MiB (2**20 bytes) from ``torch_xla.core.xla_model.get_memory_info``.
 
         Returns:
@@ -118,7 +120,11 @@ class XLAAccelerator(_LightningXLAAccelerator):
         if "kb_total" in info:  # torch_xla < 2.2 reported kilobytes
             info = {"bytes_limit": info["kb_total"] * 1024, "bytes_used": (info["kb_total"] - info["kb_free"]) * 1024}
         used, limit = float(info["bytes_used"]), float(info["bytes_limit"])
-        stats = {"memory.used (MiB)": used / _MiB, "memory.free (MiB)": (limit - used) / _MiB, "memory.limit (MiB)": limit / _MiB}
+        stats = {
+            "memory.used (MiB)": used / _MiB,
+            "memory.free (MiB)": (limit - used) / _MiB,
+            "memory.limit (MiB)": limit / _MiB,
+        }
         if "peak_bytes_used" in info:
             stats["memory.peak (MiB)"] = float(info["peak_bytes_used"]) / _MiB
         return stats
@@ -133,8 +139,34 @@ class TPUAccelerator(XLAAccelerator):
     """Legacy name of :class:`XLAAccelerator`; warns that it is deprecated."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        rank_zero_deprecation("`TPUAccelerator` is deprecated. Use `xla_plugins.XLAAccelerator` (accelerator='xla') instead.")
+        rank_zero_deprecation(
+            "`TPUAccelerator` is deprecated. Use `xla_plugins.XLAAccelerator` (accelerator='xla') instead."
+        )
         super().__init__(*args, **kwargs)
+
+
+def _check_autograd_engine(device: torch.device) -> None:
+    """Fail clearly if torch's autograd engine cannot run backward passes on XLA in this process.
+
+    torch sizes its autograd engine on the first backward pass of a process, from the devices it
+    sees then. A backward pass run before torch_xla started its runtime (a CPU training earlier in
+    the same process, or in the parent of a forked worker) leaves XLA out for good, and the next
+    XLA backward pass fails with an internal assert. A one-element backward pass detects it.
+
+    Raises:
+        RuntimeError: the engine was started without XLA; says how to avoid it.
+    """
+    probe = torch.zeros(1, device=device, requires_grad=True)
+    try:
+        probe.sum().backward()
+    except RuntimeError as error:
+        if "device_ready_queues_" not in str(error):
+            raise
+        raise RuntimeError(
+            "This process ran a backward pass before starting the XLA runtime (for example a CPU training), and"
+            " torch's autograd engine cannot include XLA devices afterwards. Train on XLA in a fresh process, or"
+            " touch the XLA device first (`torch.zeros(1, device=torch_xla.device())`) before any backward pass."
+        ) from error
 
 
 def _is_devices_value(devices: object) -> bool:
@@ -154,4 +186,6 @@ def _parse_device_string(devices: str) -> Union[int, list[int]]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"Could not parse `devices={devices!r}` for XLA: use an int, 'auto', or indices like '0,'.") from None
+        raise ValueError(
+            f"Could not parse `devices={devices!r}` for XLA: use an int, 'auto', or indices like '0,'."
+        ) from None

@@ -37,28 +37,28 @@ class XLAEnvironment(_LightningXLAEnvironment):
         return XLAAccelerator.is_available()
 
     @override
-    def world_size(self) -> int:
+    def world_size(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Number of replicas across all hosts: ``torch_xla.runtime.world_size()``."""
         import torch_xla.runtime as xr
 
         return xr.world_size()
 
     @override
-    def global_rank(self) -> int:
+    def global_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Replica index across all hosts: ``torch_xla.runtime.global_ordinal()``."""
         import torch_xla.runtime as xr
 
         return xr.global_ordinal()
 
     @override
-    def local_rank(self) -> int:
+    def local_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Replica index on this host: ``torch_xla.runtime.local_ordinal()``."""
         import torch_xla.runtime as xr
 
         return xr.local_ordinal()
 
     @override
-    def node_rank(self) -> int:
+    def node_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Index of this host: ``torch_xla.runtime.host_index()``."""
         import torch_xla.runtime as xr
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
+from lightning.fabric.plugins.precision.xla import XLAPrecision as _LightningFabricXLAPrecision
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from lightning.fabric.utilities.types import Optimizable
 from lightning.pytorch.plugins.precision.xla import XLAPrecision as _LightningXLAPrecision
@@ -19,7 +21,6 @@ from torch import Tensor
 from torch.nn import Module
 from typing_extensions import override
 
-import lightning.pytorch as pl
 from xla_plugins import _runtime
 
 #: Precision string -> (dtype of parameters and activations, variable set while active).
@@ -71,6 +72,8 @@ class _XLAPrecisionBehaviour:
         self._desired_dtype = PRECISIONS[self.precision][0]
 
     def _activate(self) -> None:
+        """Set this precision's variable, after clearing any another run may have left."""
+        self.teardown()
         variable = PRECISIONS[self.precision][1]
         if variable is not None:
             os.environ[variable] = "1"
@@ -106,7 +109,7 @@ class _XLAPrecisionBehaviour:
             os.environ.pop(variable, None)
 
 
-class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):
+class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):  # type: ignore[misc]
     """Precision plugin of ``lightning.Trainer`` on XLA: ``"32-true"``, ``"16-true"``, ``"bf16-true"``.
 
     Subclasses Lightning's ``XLAPrecision`` (which Lightning's XLA strategies require) but sets the
@@ -145,6 +148,21 @@ class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):
         return closure_result
 
 
+class FabricXLAPrecision(_XLAPrecisionBehaviour, _LightningFabricXLAPrecision):  # type: ignore[misc]
+    """Precision plugin of ``lightning.Fabric`` on XLA: ``"32-true"``, ``"16-true"``, ``"bf16-true"``.
+
+    Its optimizer step is Lightning's: ``xm.optimizer_step(optimizer, barrier=True)``, which reduces
+    the gradients across replicas, steps, and syncs the graph right away (better for performance).
+    Fabric has no end-of-run hook: the ``XLA_USE_*`` variable stays set until
+    ``fabric.strategy.teardown()`` or until another XLA precision plugin starts a run, which first
+    clears every ``XLA_USE_*`` variable.
+
+    Raises:
+        ValueError: unsupported precision (see :func:`check_precision`).
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+
+
 class TPUPrecisionPlugin(XLAPrecision):
     """Legacy name of ``XLAPrecision("32-true")``; warns that it is deprecated."""
 
@@ -157,5 +175,7 @@ class TPUBf16PrecisionPlugin(XLAPrecision):
     """Legacy name of ``XLAPrecision("bf16-true")``; warns that it is deprecated."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        rank_zero_deprecation("`TPUBf16PrecisionPlugin` is deprecated. Use `xla_plugins.XLAPrecision('bf16-true')` instead.")
+        rank_zero_deprecation(
+            "`TPUBf16PrecisionPlugin` is deprecated. Use `xla_plugins.XLAPrecision('bf16-true')` instead."
+        )
         super().__init__("bf16-true")

@@ -4,25 +4,43 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
+import lightning.pytorch as pl
 import torch
+from lightning.fabric.strategies.single_device import SingleDeviceStrategy as _FabricSingleDeviceStrategy
+from lightning.fabric.strategies.single_xla import SingleDeviceXLAStrategy as _LightningFabricSingleDeviceXLAStrategy
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
-import lightning.pytorch as pl
 from xla_plugins import _runtime
+from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+
+DeviceLike = Union[torch.device, str, int, None]
+
+
+def xla_device(device: DeviceLike) -> torch.device:
+    """The XLA device for ``torch.device("xla", i)``, ``"xla:i"`` or ``i`` (``None``: torch_xla's default).
+
+    Uses ``torch_xla.device(index)``, where Lightning's XLA strategies call the deprecated
+    ``xm.xla_device``.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+    torch_xla = _runtime.require_torch_xla()
+    index = torch.device(device).index if isinstance(device, (torch.device, str)) else device
+    return torch_xla.device(index)
 
 
 class SingleDeviceXLAStrategy(_LightningSingleDeviceXLAStrategy):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets
-    its device from ``torch_xla.device(index)`` (the current API) and carries no ``is_distributed``
-    property (Lightning 2.0 removed it; ask the connector instead).
+    its device from :func:`xla_device` and carries no ``is_distributed`` property (Lightning 2.0
+    removed it; ask the connector instead).
 
     Args:
-        device: the device to run on: ``torch.device("xla", i)``, ``"xla:i"`` or the index ``i``;
-            ``None`` means torch_xla's default device.
+        device: the device to run on (see :func:`xla_device`).
         accelerator, checkpoint_io, precision_plugin: as for Lightning's ``SingleDeviceStrategy``.
         debug: set ``PT_XLA_DEBUG=1`` while the strategy is set up (removed at teardown).
 
@@ -32,18 +50,16 @@ class SingleDeviceXLAStrategy(_LightningSingleDeviceXLAStrategy):
 
     def __init__(
         self,
-        device: Union[torch.device, str, int, None] = None,
+        device: DeviceLike = None,
         accelerator: Optional[pl.accelerators.Accelerator] = None,
         checkpoint_io: Optional[Any] = None,
         precision_plugin: Optional[Any] = None,
         debug: bool = False,
     ) -> None:
-        torch_xla = _runtime.require_torch_xla()
-        index = torch.device(device).index if isinstance(device, (torch.device, str)) else device
-        # Lightning's __init__ would call the deprecated `xm.xla_device`; its parent's does the rest.
+        # Lightning's own __init__ would call `xm.xla_device`; its parent's does the rest.
         SingleDeviceStrategy.__init__(
             self,
-            device=torch_xla.device(index),
+            device=xla_device(device),
             accelerator=accelerator,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
@@ -51,9 +67,34 @@ class SingleDeviceXLAStrategy(_LightningSingleDeviceXLAStrategy):
         self.debug = debug
 
 
+class FabricSingleDeviceXLAStrategy(KeepsOptimizersOnMovedParameters, _LightningFabricSingleDeviceXLAStrategy):
+    """Strategy of ``lightning.Fabric`` for one XLA device (registered as ``"single_xla"``).
+
+    Fabric's counterpart of :class:`SingleDeviceXLAStrategy`. Unlike Lightning's, it keeps the
+    optimizers on the parameters of the moved module (see
+    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`).
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        accelerator: Optional[Any] = None,
+        checkpoint_io: Optional[Any] = None,
+        precision: Optional[Any] = None,
+    ) -> None:
+        _FabricSingleDeviceStrategy.__init__(
+            self, device=xla_device(device), accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision
+        )
+
+
 class SingleTPUStrategy(SingleDeviceXLAStrategy):
     """Legacy name of :class:`SingleDeviceXLAStrategy` (``"single_tpu"``); warns that it is deprecated."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        rank_zero_deprecation("`SingleTPUStrategy` ('single_tpu') is deprecated. Use `SingleDeviceXLAStrategy` ('single_xla') instead.")
+        rank_zero_deprecation(
+            "`SingleTPUStrategy` ('single_tpu') is deprecated. Use `SingleDeviceXLAStrategy` ('single_xla') instead."
+        )
         super().__init__(*args, **kwargs)

@@ -2,20 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
+import lightning.pytorch as pl
 import torch
+from lightning.fabric.strategies.xla import XLAStrategy as _LightningFabricXLAStrategy
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
 from typing_extensions import override
 
-import lightning.pytorch as pl
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
-from xla_plugins.strategies.launcher import XLALauncher
+from xla_plugins.strategies.launcher import FabricXLALauncher, XLALauncher
 
 
-class XLAStrategy(_LightningXLAStrategy):
+class _OneWorkerPerDevice:
+    """What both flavours change in Lightning's XLA strategy: environment and device."""
+
+    _launched: bool
+
+    def _use_xla_environment(self) -> None:
+        _runtime.require_torch_xla()
+        self.cluster_environment = XLAEnvironment()
+
+    @property
+    def root_device(self) -> torch.device:
+        """This worker's XLA device (``torch_xla.device()``).
+
+        Raises:
+            RuntimeError: read before the workers are launched; each worker has its own device.
+        """
+        if not self._launched:
+            raise RuntimeError(
+                "The multi-device XLA strategy has no root device before its workers are launched: each worker"
+                " gets its own. Read `strategy.parallel_devices` for the devices it will use."
+            )
+        import torch_xla
+
+        return torch_xla.device()
+
+
+class XLAStrategy(_OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[misc]
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
@@ -54,7 +82,6 @@ class XLAStrategy(_LightningXLAStrategy):
         sync_module_states: bool = True,
         **_: Any,
     ) -> None:
-        _runtime.require_torch_xla()
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -63,34 +90,69 @@ class XLAStrategy(_LightningXLAStrategy):
             debug=debug,
             sync_module_states=sync_module_states,
         )
-        self.cluster_environment = XLAEnvironment()
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        """This worker's XLA device (``torch_xla.device()``).
-
-        Raises:
-            RuntimeError: read before the workers are launched; each worker has its own device.
-        """
-        if not self._launched:
-            raise RuntimeError(
-                "The multi-device XLA strategy has no root device before its workers are launched: each worker"
-                " gets its own. Read `strategy.parallel_devices` for the devices it will use."
-            )
-        import torch_xla
-
-        return torch_xla.device()
+        self._use_xla_environment()
 
     @override
     def _configure_launcher(self) -> None:
         self._launcher = XLALauncher(self)
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
+    ) -> None:
         """Sync pending lazy tensors on every rank (so no collective hangs), then write on global rank 0."""
         import torch_xla
 
         torch_xla.sync()
         # Lightning's XLAStrategy.save_checkpoint would sync with the deprecated `xm.mark_step`.
         super(_LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+
+class FabricXLAStrategy(_OneWorkerPerDevice, _LightningFabricXLAStrategy):  # type: ignore[misc]
+    """Strategy of ``lightning.Fabric`` for all devices of an XLA host (registered as ``"xla"``).
+
+    Fabric's counterpart of :class:`XLAStrategy`, with the same changes to Lightning's: this
+    plugin's environment, ``torch_xla.device()``, ``torch_xla.sync()`` before checkpoints and the
+    failure-stopping :class:`~xla_plugins.strategies.launcher.FabricXLALauncher`. Its precision
+    plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is not installed.
+    """
+
+    def __init__(
+        self,
+        accelerator: Optional[Any] = None,
+        parallel_devices: Optional[list[torch.device]] = None,
+        checkpoint_io: Optional[Any] = None,
+        precision: Optional[Any] = None,
+        sync_module_states: bool = True,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+            sync_module_states=sync_module_states,
+        )
+        self._use_xla_environment()
+
+    @override
+    def _configure_launcher(self) -> None:
+        self._launcher = FabricXLALauncher(self)
+
+    @override
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Optional[Any] = None,
+        filter: Optional[dict[str, Callable[[str, Any], bool]]] = None,
+    ) -> None:
+        """Sync pending lazy tensors on every rank, then write on global rank 0."""
+        import torch_xla
+
+        torch_xla.sync()
+        super(_LightningFabricXLAStrategy, self).save_checkpoint(
+            path, state, storage_options=storage_options, filter=filter
+        )

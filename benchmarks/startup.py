@@ -1,0 +1,81 @@
+"""Start-up costs, as JSON: interpreter start with and without the auto-registration hook,
+``import trainer_plugins``, ``trainer-plugins list``, and ``Trainer(...)`` construction with our
+connector vs plain Lightning on ``accelerator="cpu"``. Medians of repeated runs (milliseconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+RUNS = 25
+
+
+def wall_ms(command: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    return (time.perf_counter() - started) * 1000
+
+
+def median_ms(command: list[str], **overrides: str) -> float:
+    env = {**os.environ, **overrides}
+    wall_ms(command, env)  # warm the page cache and write bytecode
+    return statistics.median(wall_ms(command, env) for _ in range(RUNS))
+
+
+def construction_ms() -> dict[str, float]:
+    """Median ``Trainer(accelerator="cpu")`` construction time, plugin connector vs Lightning's."""
+    code = """
+import json, statistics, time, warnings
+warnings.simplefilter("ignore")
+import lightning as L
+import trainer_plugins
+
+def build():
+    started = time.perf_counter()
+    L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    return (time.perf_counter() - started) * 1000
+
+first = build()  # includes plugin discovery
+with_plugins = statistics.median(build() for _ in range(30))
+trainer_plugins.uninstall()
+build()
+plain = statistics.median(build() for _ in range(30))
+print(json.dumps({"first_with_plugins_ms": first, "with_plugins_ms": with_plugins, "plain_lightning_ms": plain}))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    python = [sys.executable, "-c", "pass"]
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; print(sorted(m for m in ('torch', 'lightning', 'pluggy') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    cli = shutil.which("trainer-plugins", path=os.path.dirname(sys.executable)) or "trainer-plugins"
+    report = {
+        "interpreter_ms": median_ms(python, TRAINER_PLUGINS_AUTOLOAD="1"),
+        "interpreter_without_hook_ms": median_ms(python, TRAINER_PLUGINS_AUTOLOAD="0"),
+        "modules_imported_at_startup": imported,
+        "import_trainer_plugins_ms": median_ms([sys.executable, "-c", "import trainer_plugins"]),
+        "discovery_ms": median_ms([sys.executable, "-c", "import trainer_plugins; trainer_plugins.get_catalog()"]),
+        "list_command_ms": median_ms([cli, "list"]),
+        **construction_ms(),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

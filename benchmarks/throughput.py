@@ -1,0 +1,180 @@
+"""One training run on PJRT CPU, as JSON: steady-state throughput, compilations, transfers, peak memory.
+
+    python benchmarks/throughput.py --mode plugin|raw|lightning --model small|wide
+
+``plugin``: a plain ``lightning.Trainer(accelerator="xla")``, which goes through xla-plugins.
+``raw``: the same model, data, optimizer and dtype in a hand-written torch_xla loop.
+``lightning``: Lightning's own XLA classes. They only run on TPU (their device count comes from a
+TPU probe), so this mode makes Lightning's XLA accelerator count the PJRT CPU device: a
+benchmark-only patch, not something the plugin does.
+
+Steady state excludes the first epoch (graph compilation). Each mode runs in its own process
+(``run_all.py`` starts them) so that compilation caches and peak memory are its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+MODELS = {
+    # (input features, hidden width, hidden layers, batch size, samples)
+    "small": (64, 128, 1, 32, 1792),  # the digits classifier of the demo, digits-sized data
+    "wide": (64, 1024, 2, 256, 8192),  # compute-bound: tens of milliseconds a step on two CPU cores
+}
+
+
+def build(model: str) -> tuple[nn.Module, DataLoader]:
+    features, width, layers, batch, samples = MODELS[model]
+    torch.manual_seed(0)
+    blocks: list[nn.Module] = [nn.Linear(features, width), nn.ReLU()]
+    for _ in range(layers - 1):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    network = nn.Sequential(*blocks, nn.Linear(width, 10))
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(
+        torch.randn(samples, features, generator=generator), torch.randint(0, 10, (samples,), generator=generator)
+    )
+    return network, DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+
+
+class Meter:
+    """Per-epoch wall time, compilations and device-to-host transfers (torch_xla's metrics)."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+        self._start: dict[str, float] = {}
+
+    @staticmethod
+    def counts() -> dict[str, float]:
+        import torch_xla.debug.metrics as met
+
+        def count(name: str) -> float:
+            data = met.metric_data(name)
+            return float(data[0]) if data else 0.0
+
+        return {
+            "compiles": count("CompileTime"),
+            "transfers": count("TransferFromDeviceTime"),
+            "time": time.perf_counter(),
+        }
+
+    def start_epoch(self) -> None:
+        self._start = self.counts()
+
+    def end_epoch(self, steps: int) -> None:
+        import torch_xla
+
+        torch_xla.sync(wait=True)
+        now = self.counts()
+        self.epochs.append({key: now[key] - self._start[key] for key in now} | {"steps": steps})
+
+    def summary(self) -> dict[str, object]:
+        steady = self.epochs[1:]
+        steps = sum(epoch["steps"] for epoch in steady)
+        return {
+            "steps_per_s": steps / sum(epoch["time"] for epoch in steady),
+            "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs],
+            "transfers_per_step": sum(epoch["transfers"] for epoch in steady) / steps,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+
+
+def run_raw(model: str, epochs: int, meter: Meter) -> None:
+    import torch_xla
+
+    device = torch_xla.device()
+    network, loader = build(model)
+    network = network.to(device)
+    optimizer = torch.optim.Adam(network.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        meter.start_epoch()
+        steps = 0
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(network(x), y)
+            loss.backward()
+            optimizer.step()
+            torch_xla.sync()
+            steps += 1
+        meter.end_epoch(steps)
+
+
+def run_trainer(model: str, epochs: int, meter: Meter, lightnings_own: bool) -> None:
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.network = build(model)[0]
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.network(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    class Timing(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            meter.start_epoch()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            meter.end_epoch(trainer.num_training_batches)
+
+    flags: dict[str, object] = dict(accelerator="xla", devices=1)
+    if lightnings_own:
+        flags = _lightnings_own_xla_flags()
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        callbacks=[Timing()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **flags,
+    )
+    trainer.fit(Module(), build(model)[1])
+
+
+def _lightnings_own_xla_flags() -> dict[str, object]:
+    """Lightning's own XLA accelerator and strategy, with its TPU-only device count widened to PJRT CPU."""
+    from lightning.fabric.accelerators import xla as fabric_xla
+    from lightning.pytorch.accelerators import XLAAccelerator
+    from lightning.pytorch.strategies import SingleDeviceXLAStrategy
+
+    import trainer_plugins
+
+    trainer_plugins.uninstall()
+    for cache in (fabric_xla.XLAAccelerator.auto_device_count, fabric_xla.XLAAccelerator.is_available):
+        cache.cache_clear()
+    fabric_xla.XLAAccelerator.auto_device_count = staticmethod(lambda: 1)  # benchmark-only
+    fabric_xla.XLAAccelerator.is_available = staticmethod(lambda: True)  # benchmark-only
+    return dict(accelerator=XLAAccelerator(), strategy=SingleDeviceXLAStrategy(device=torch.device("xla", 0)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("plugin", "raw", "lightning"), required=True)
+    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    parser.add_argument("--epochs", type=int, default=4)
+    args = parser.parse_args()
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    meter = Meter()
+    if args.mode == "raw":
+        run_raw(args.model, args.epochs, meter)
+    else:
+        run_trainer(args.model, args.epochs, meter, lightnings_own=args.mode == "lightning")
+    print(json.dumps({"mode": args.mode, "model": args.model, **meter.summary()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example trainer-plugins plugin: a Local SGD strategy (``strategy="local_sgd"``)."""

@@ -1,0 +1,118 @@
+"""lightning.Fabric goes through the same plugins, with the same validation, on PJRT CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+L = pytest.importorskip("lightning")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+SCRIPT = Path(__file__).parent / "scripts" / "fabric_digits.py"
+
+
+def fabric_run(strategy: str, devices: int, precision: str) -> list[dict]:
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices)}
+    env.update({"XLA_THREAD_POOL_SIZE": str(2 * devices), "PJRT_CPU_ASYNC_CLIENT": "0"})
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", str(devices), "--precision", precision],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return sorted(
+        (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "devices", "precision", "expected_class", "world_size", "dtype"),
+    [
+        ("auto", 1, "bf16-true", "single_xla.FabricSingleDeviceXLAStrategy", 1, "torch.bfloat16"),
+        ("auto", 2, "32-true", "xla_spmd.FabricXLASPMDStrategy", 1, "torch.float32"),
+        ("xla", 2, "32-true", "xla.FabricXLAStrategy", 2, "torch.float32"),  # with tests/xla_cpu_harness.py
+    ],
+)
+def test_a_fabric_loop_trains_the_digits_classifier(strategy, devices, precision, expected_class, world_size, dtype):
+    reports = fabric_run(strategy, devices, precision)
+    assert [report["rank"] for report in reports] == list(range(world_size))
+    for report in reports:
+        assert report["strategy"] == f"xla_plugins.strategies.{expected_class}"
+        assert (report["precision"], report["accelerator"], report["dtype"]) == (
+            "FabricXLAPrecision",
+            "xla_plugins.accelerator",
+            dtype,
+        )
+        assert report["world_size"] == world_size
+        assert report["accuracy"] > 0.9
+    assert len({report["accuracy"] for report in reports}) == 1  # every rank saw the same all-reduced count
+
+
+def test_fabric_precision_steps_through_torch_xla_optimizer_step_with_a_barrier():
+    import torch_xla.core.xla_model as xm
+
+    fabric = L.Fabric(accelerator="xla", devices=1, precision="bf16-true")
+    module = nn.Linear(4, 2)
+    try:
+        model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
+        assert os.environ.get("XLA_USE_BF16") == "1"  # active from module conversion on
+        before = model.weight.detach().cpu().clone()
+        fabric.backward(model(torch.randn(3, 4, device=fabric.device)).sum())
+        with mock.patch.object(xm, "optimizer_step", wraps=xm.optimizer_step) as step:
+            optimizer.step()
+        assert step.call_args.kwargs["barrier"] is True
+        assert not torch.equal(model.weight.detach().cpu(), before)  # the step reached the parameters on the device
+    finally:
+        fabric.strategy.teardown()
+    assert "XLA_USE_BF16" not in os.environ
+
+
+def test_fabric_optimizers_follow_the_parameters_to_the_device():
+    fabric = L.Fabric(accelerator="xla", devices=1)
+    module = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(module, optimizer)
+    assert [p.device.type for group in optimizer.param_groups for p in group["params"]] == ["xla", "xla"]
+    assert {id(p) for p in model.parameters()} == {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+
+@pytest.mark.parametrize(
+    ("flags", "error", "message"),
+    [
+        (dict(precision="16-mixed"), ValueError, "`precision='16-mixed'` is not supported on XLA"),
+        (dict(precision="bf16"), ValueError, "`precision='bf16'` is not supported on XLA"),
+        (dict(devices=3), ValueError, "`devices` can only be 'auto', 1, 1 or [0-0] for XLA"),
+        (
+            dict(devices=None),
+            TypeError,
+            "`devices` for XLA must be 'auto', an int, a string or a list of ints, got None",
+        ),
+        (dict(strategy="ddp"), ValueError, "The XLA accelerator cannot run strategy DDPStrategy"),
+        (dict(strategy="warp"), ValueError, "Unknown strategy name `strategy='warp'`"),
+    ],
+)
+def test_fabric_validates_devices_precision_and_strategies_like_the_trainer(flags, error, message):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(error) as info:
+            L.Fabric(accelerator="tpu", **{"devices": 1, **flags})
+    assert message in str(info.value)
+
+
+def test_fabric_is_attached_automatically():
+    import trainer_plugins
+
+    assert trainer_plugins.installed()
+    assert type(L.Fabric(accelerator="tpu", devices=1)._connector).__name__ == "FabricConnector"
