@@ -44,10 +44,11 @@ def main() -> None:
             if "error" in figures:
                 rows.append(f"| {model} | {mode} | failed: {figures['error']} | | | | |")
                 continue
+            speed, memory = figures["steps_per_s"], figures["peak_rss_mib"]
             rows.append(
-                f"| {model} | {mode} | {figures['steps_per_s']:.1f} | {figures['steps_per_s'] / raw['steps_per_s']:.2f}x"
+                f"| {model} | {mode} | {speed:.1f} | {speed / raw['steps_per_s']:.2f}x"
                 f" | {figures['compiles_per_epoch']} | {figures['transfers_per_step']:.2f}"
-                f" | {figures['peak_rss_mib']:.0f} ({figures['peak_rss_mib'] / raw['peak_rss_mib']:.2f}x) |"
+                f" | {memory:.0f} ({memory / raw['peak_rss_mib']:.2f}x) |"
             )
     startup = run("startup.py")
 
