@@ -50,12 +50,27 @@ def main() -> None:
                 f" | {figures['compiles_per_epoch']} | {figures['transfers_per_step']:.2f}"
                 f" | {memory:.0f} ({memory / raw['peak_rss_mib']:.2f}x) |"
             )
+    spread = []
+    for devices in (2, 4):
+        results = {
+            strategy: run("multidevice.py", "--strategy", strategy, "--devices", str(devices))
+            for strategy in ("xla", "xla_spmd")
+        }
+        if any("error" in figures for figures in results.values()):
+            spread.append(f"| {devices} | failed: {results} | | |")
+            continue
+        spawn, spmd = results["xla"]["samples_per_s"], results["xla_spmd"]["samples_per_s"]
+        spread.append(f"| {devices} | {spawn:.0f} | {spmd:.0f} | {spmd / spawn:.2f}x |")
     startup = run("startup.py")
 
     header = "| model | loop | steps/s | vs raw | compilations per epoch | transfers per step | peak RSS MiB (vs raw) |"
     print(header)
     print("|" + "---|" * 7)
     print("\n".join(rows))
+    print()
+    print("| devices | spawn 'xla' samples/s | SPMD 'xla_spmd' samples/s | SPMD vs spawn |")
+    print("|---|---|---|---|")
+    print("\n".join(spread))
     print()
     if "error" in startup:
         print(f"start-up benchmark failed: {startup['error']}")

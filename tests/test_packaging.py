@@ -69,3 +69,19 @@ def test_an_unreadable_autoload_value_is_reported_at_startup_and_leaves_autoload
     result = run_python(STARTUP_PROBE, env={"TRAINER_PLUGINS_AUTOLOAD": "maybe"})
     assert json.loads(result.stdout)["hook_armed"] is False
     assert "TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood" in result.stderr
+
+
+def test_the_installed_versions_are_within_the_declared_ranges():
+    from trainer_plugins import unsupported_versions
+
+    assert unsupported_versions("trainer-plugins") == []
+    assert unsupported_versions("xla-plugins", ["lightning", "torch", "torch_xla"]) == []
+
+
+def test_versions_outside_a_declared_range_are_named_with_the_range(monkeypatch):
+    import trainer_plugins._versions as versions
+
+    monkeypatch.setattr(versions, "version", lambda name: "2.7.1" if name == "lightning" else "1.0")
+    assert versions.unsupported_versions("trainer-plugins", ["lightning"]) == [
+        "trainer-plugins supports lightning<2.7,>=2.5, but lightning 2.7.1 is installed"
+    ]

@@ -140,3 +140,26 @@ def test_a_backward_pass_before_the_xla_runtime_started_gives_a_clear_error():
         """
     )
     assert "error: This process ran a backward pass before starting the XLA runtime" in result.stdout
+
+
+def test_a_torch_that_does_not_match_torch_xla_is_refused_with_matching_versions_named(monkeypatch):
+    from packaging.version import Version
+
+    from xla_plugins import _runtime
+
+    monkeypatch.setattr(_runtime, "version", lambda name: "2.7.0" if name == "torch" else "2.9.0")
+    with pytest.raises(RuntimeError, match=r"torch_xla 2\.9\.0 needs torch 2\.9\.x, but torch 2\.7\.0 is installed"):
+        _runtime._check_versions.__wrapped__(Version("2.9.0"))
+    with pytest.raises(
+        RuntimeError, match=r"torch_xla 2\.7\.0 is too old for the XLA plugin; it needs torch_xla>=2\.8"
+    ):
+        _runtime._check_versions.__wrapped__(Version("2.7.0"))
+
+
+def test_the_xrt_runtime_is_refused():
+    """Mocked: torch_xla >= 2.5 cannot run XRT at all, so only a missing PJRT device type can stand for it."""
+    from xla_plugins import _runtime
+
+    with mock.patch("torch_xla.runtime.device_type", return_value=None):
+        with pytest.raises(RuntimeError, match="The XLA XRT runtime is not supported anymore"):
+            _runtime.require_torch_xla()

@@ -29,7 +29,9 @@ _EXPORTS = {
         "TrainerConnector",
         "TrainerDataConnector",
         "explain",
+        "is_distributed",
     ),
+    "trainer_plugins._versions": ("unsupported_versions",),
     "trainer_plugins._install": ("install", "installed", "uninstall"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -24,6 +24,9 @@ from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import LIGHTNING_RULE, Connector
 from trainer_plugins._manager import BUILTIN_PLUGIN
+from trainer_plugins._versions import warn_unsupported_versions
+
+warn_unsupported_versions("trainer-plugins", ["lightning"])
 
 
 class _PluginConnectorMixin:
@@ -236,6 +239,25 @@ class PluginSetCheckpoint(Callback):
 def checkpoint_callbacks() -> list[Callback]:
     """The ``lightning.pytorch.callbacks_factory`` entry point: one :class:`PluginSetCheckpoint`."""
     return [PluginSetCheckpoint()]
+
+
+def is_distributed(run: Any) -> bool:
+    """The connector's ``is_distributed`` for a ``lightning.Trainer`` or ``lightning.Fabric``.
+
+    The answer Lightning itself uses for sampler injection, metric syncing and the tuners; see
+    :meth:`trainer_plugins.Connector.is_distributed` for the rule.
+
+    Raises:
+        ValueError: ``run`` was not built by the plugin-aware connector (trainer-plugins was not
+            attached: see ``trainer_plugins.install``).
+    """
+    connector = getattr(run, "_accelerator_connector", None) or getattr(run, "_connector", None)
+    plugin_connector = getattr(connector, "plugin_connector", None)
+    if plugin_connector is None:
+        raise ValueError(
+            f"{type(run).__name__} was not built through trainer-plugins; call trainer_plugins.install() first"
+        )
+    return plugin_connector.is_distributed(run.strategy)
 
 
 def explain(api: str = "trainer", **flags: Any) -> Any:

@@ -55,8 +55,7 @@ def require_torch_xla() -> ModuleType:
             f"The XLA plugin needs torch_xla>={MIN_TORCH_XLA}, which is not installed. {_INSTALL_HINT}.",
             name="torch_xla",
         )
-    if installed.release[:2] < MIN_TORCH_XLA.release[:2]:
-        raise RuntimeError(f"torch_xla {installed} is too old for the XLA plugin; it needs torch_xla>={MIN_TORCH_XLA}.")
+    _check_versions(installed)
     chosen_by_user = os.environ.get("PJRT_DEVICE")
     import torch_xla
     import torch_xla.runtime as xr
@@ -68,6 +67,30 @@ def require_torch_xla() -> ModuleType:
     if not chosen_by_user:
         _log_default_device(xr.device_type())
     return torch_xla
+
+
+@functools.lru_cache(maxsize=1)
+def _check_versions(installed: Version) -> None:
+    """Refuse a torch_xla too old for this plugin or built for another torch; warn outside the declared range.
+
+    The supported ranges are xla-plugins' own declared dependencies (its ``pyproject.toml``).
+
+    Raises:
+        RuntimeError: torch_xla is older than :data:`MIN_TORCH_XLA`, or torch and torch_xla differ in
+            their minor version (torch_xla is built against one torch release).
+    """
+    from trainer_plugins import unsupported_versions
+
+    if installed.release[:2] < MIN_TORCH_XLA.release[:2]:
+        raise RuntimeError(f"torch_xla {installed} is too old for the XLA plugin; it needs torch_xla>={MIN_TORCH_XLA}.")
+    torch = Version(version("torch"))
+    if torch.release[:2] != installed.release[:2]:
+        raise RuntimeError(
+            f"torch_xla {installed} needs torch {installed.major}.{installed.minor}.x, but torch {torch} is installed:"
+            f" install matching versions, e.g. pip install 'torch=={installed.major}.{installed.minor}.*'."
+        )
+    for message in unsupported_versions("xla-plugins", ["torch", "torch_xla", "lightning"]):
+        log.warning("%s; it may not work.", message)
 
 
 @functools.cache
@@ -185,11 +208,15 @@ def describe() -> dict[str, object]:
 
     Starts the PJRT runtime (in a probe process) to count devices; failures are reported as values.
     """
+    from trainer_plugins import unsupported_versions
+
     info: dict[str, object] = {
         "torch": _version_or("torch"),
         "torch_xla": _version_or("torch_xla"),
         "PJRT_DEVICE": os.environ.get("PJRT_DEVICE") or "(unset: torch_xla picks a TPU if attached, else CPU)",
     }
+    for number, problem in enumerate(unsupported_versions("xla-plugins"), start=1):
+        info[f"unsupported version {number}"] = problem
     try:
         info["runtime"] = "PJRT" if require_torch_xla() is not None else "?"
         info["device type"] = device_type()
