@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional
 
-import lightning.pytorch as pl
 import torch
 from lightning.fabric.strategies.xla import XLAStrategy as _LightningFabricXLAStrategy
 from lightning.fabric.utilities.types import _PATH
@@ -18,12 +17,16 @@ from xla_plugins.strategies.launcher import FabricXLALauncher, XLALauncher
 
 
 class _OneWorkerPerDevice:
-    """What both flavours change in Lightning's XLA strategy: environment and device."""
+    """What both flavours change in Lightning's XLA strategy: environment and device.
+
+    Constructor arguments are those of Lightning's ``XLAStrategy`` of the flavour.
+    """
 
     _launched: bool
 
-    def _use_xla_environment(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         _runtime.require_torch_xla()
+        super().__init__(*args, **kwargs)
         self.cluster_environment = XLAEnvironment()
 
     @property
@@ -72,26 +75,6 @@ class XLAStrategy(_OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[m
         ModuleNotFoundError: torch_xla is not installed.
     """
 
-    def __init__(
-        self,
-        accelerator: Optional[pl.accelerators.Accelerator] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        checkpoint_io: Optional[Any] = None,
-        precision_plugin: Optional[Any] = None,
-        debug: bool = False,
-        sync_module_states: bool = True,
-        **_: Any,
-    ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            debug=debug,
-            sync_module_states=sync_module_states,
-        )
-        self._use_xla_environment()
-
     @override
     def _configure_launcher(self) -> None:
         self._launcher = XLALauncher(self)
@@ -119,23 +102,6 @@ class FabricXLAStrategy(_OneWorkerPerDevice, _LightningFabricXLAStrategy):  # ty
     Raises:
         ModuleNotFoundError: torch_xla is not installed.
     """
-
-    def __init__(
-        self,
-        accelerator: Optional[Any] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        checkpoint_io: Optional[Any] = None,
-        precision: Optional[Any] = None,
-        sync_module_states: bool = True,
-    ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            sync_module_states=sync_module_states,
-        )
-        self._use_xla_environment()
 
     @override
     def _configure_launcher(self) -> None:

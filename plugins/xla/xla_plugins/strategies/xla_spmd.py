@@ -10,7 +10,7 @@ import torch
 from lightning.fabric.plugins import XLACheckpointIO
 from lightning.fabric.strategies.parallel import ParallelStrategy as _FabricParallelStrategy
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
-from lightning.fabric.utilities.types import _PATH, ReduceOp
+from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.strategies.strategy import TBroadcast
 from lightning.pytorch.trainer.states import TrainerFn
@@ -28,9 +28,29 @@ _REDUCE_OPS = ("sum", "mean", "avg")
 
 
 class _OneProcessOverAMesh:
-    """What both flavours share: SPMD mode, the mesh, batch sharding and one-process collectives."""
+    """What both flavours share: SPMD mode, the mesh, batch sharding and one-process collectives.
+
+    Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords); checkpoints
+    default to ``XLACheckpointIO`` (full CPU tensors).
+    """
 
     _mesh: Optional[Any] = None
+
+    def __init__(self, *, checkpoint_io: Optional[Any] = None, **kwargs: Any) -> None:
+        _runtime.require_torch_xla()
+        super().__init__(checkpoint_io=checkpoint_io if checkpoint_io is not None else XLACheckpointIO(), **kwargs)  # type: ignore[call-arg]
+
+    def setup_environment(self) -> None:
+        """Enter SPMD mode and build the data mesh, then start the runtime on the virtual device."""
+        self._enter_spmd()
+        super().setup_environment()  # type: ignore[misc]
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """Run pending graphs, then write full CPU tensors on rank 0 (``XLACheckpointIO``)."""
+        import torch_xla
+
+        torch_xla.sync()
+        super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
 
     @property
     def root_device(self) -> torch.device:
@@ -109,11 +129,6 @@ class _OneProcessOverAMesh:
     def barrier(self, name: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
         """Nothing to wait for: one process."""
 
-    def _sync_before_save(self) -> None:
-        import torch_xla
-
-        torch_xla.sync()
-
 
 class XLASPMDStrategy(_OneProcessOverAMesh, ParallelStrategy):  # type: ignore[misc]
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
@@ -137,29 +152,6 @@ class XLASPMDStrategy(_OneProcessOverAMesh, ParallelStrategy):  # type: ignore[m
     """
 
     strategy_name = "xla_spmd"
-
-    def __init__(
-        self,
-        accelerator: Optional[pl.accelerators.Accelerator] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        cluster_environment: Optional[Any] = None,
-        checkpoint_io: Optional[Any] = None,
-        precision_plugin: Optional[Any] = None,
-    ) -> None:
-        _runtime.require_torch_xla()
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io if checkpoint_io is not None else XLACheckpointIO(),
-            precision_plugin=precision_plugin,
-        )
-
-    @override
-    def setup_environment(self) -> None:
-        """Enter SPMD mode and build the data mesh, then start the runtime on the virtual device."""
-        self._enter_spmd()
-        super().setup_environment()
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
@@ -194,14 +186,6 @@ class XLASPMDStrategy(_OneProcessOverAMesh, ParallelStrategy):  # type: ignore[m
     ) -> Tensor:
         """Return ``tensor`` (see :meth:`_as_global`)."""
         return self._as_global(tensor, reduce_op)
-
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
-    ) -> None:
-        """Run pending graphs, then write full CPU tensors (``XLACheckpointIO``)."""
-        self._sync_before_save()
-        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     @override
     def teardown(self) -> None:
@@ -272,10 +256,3 @@ class FabricXLASPMDStrategy(_OneProcessOverAMesh, KeepsOptimizersOnMovedParamete
     ) -> Tensor:
         """Return ``tensor`` (see :meth:`_as_global`)."""
         return self._as_global(tensor, reduce_op)
-
-    @override
-    def save_checkpoint(
-        self, path: _PATH, state: dict[str, Any], storage_options: Optional[Any] = None, filter: Optional[Any] = None
-    ) -> None:
-        self._sync_before_save()
-        super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
