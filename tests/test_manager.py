@@ -21,7 +21,8 @@ def strategies(*names: str):
     ],
 )
 def test_a_plugin_without_a_matching_api_version_is_quarantined_with_the_reason(api, reason):
-    manager = manager_with(("npu", make_plugin(api=api, strategies=strategies("npu_ddp"))))
+    with pytest.warns(PluginWarning, match=r"quarantined plugin npu \(npu-dist 1.0\)"):
+        manager = manager_with(("npu", make_plugin(api=api, strategies=strategies("npu_ddp"))))
     record = manager.records["npu"]
     assert (record.state, record.reason) == ("quarantined", reason)
     assert manager.get_plugin("npu") is None

@@ -176,7 +176,7 @@ def _checked_entries(manager: PluginManager, record: PluginRecord, role: str, en
     expected = ENTRY_TYPES[role]
     if isinstance(entries, (list, tuple)) and all(isinstance(entry, expected) for entry in entries):
         return entries
-    manager._quarantine(
+    manager.quarantine(
         record, f"{DECLARATION_HOOKS[role]} must return a list of {expected.__name__}", TypeError(repr(entries))
     )
     return ()

@@ -118,7 +118,7 @@ class PluginManager(pluggy.PluginManager):
             try:
                 module = ep.load()
             except Exception as error:
-                self._quarantine(record, f"import of {ep.value!r} failed", error)
+                self.quarantine(record, f"import of {ep.value!r} failed", error)
                 continue
             self.register_plugin(module, record)
 
@@ -132,16 +132,16 @@ class PluginManager(pluggy.PluginManager):
         record.api = getattr(plugin, "TRAINER_PLUGINS_API", None)
         problem = _api_problem(record.api)
         if problem:
-            self._set_state(record, "quarantined", problem)
+            self.quarantine(record, problem, None)
             return False
         try:
             self.register(plugin, name=record.name)
         except Exception as error:
-            self._quarantine(record, "registration failed", error)
+            self.quarantine(record, "registration failed", error)
             return False
         wrappers = [i.function.__name__ for i in self._impls_of(record.name) if i.hookwrapper or i.wrapper]
         if wrappers:
-            self._quarantine(record, f"hook wrappers are not supported ({', '.join(wrappers)})", None)
+            self.quarantine(record, f"hook wrappers are not supported ({', '.join(wrappers)})", None)
             return False
         return True
 
@@ -156,7 +156,8 @@ class PluginManager(pluggy.PluginManager):
     def _set_state(self, record: PluginRecord, state: str, reason: str, error: Optional[BaseException] = None) -> None:
         record.state, record.reason, record.error = state, reason, error
 
-    def _quarantine(self, record: PluginRecord, reason: str, error: Optional[BaseException]) -> None:
+    def quarantine(self, record: PluginRecord, reason: str, error: Optional[BaseException]) -> None:
+        """Set ``record``'s plugin aside: unregister it, record why, and warn (``PluginWarning``)."""
         detail = f"{reason}: {type(error).__name__}: {error}" if error is not None else reason
         self._set_state(record, "quarantined", detail, error)
         if self.get_plugin(record.name) is not None:
@@ -220,7 +221,7 @@ class PluginManager(pluggy.PluginManager):
                 if owners is not None and isinstance(error, USER_ERRORS):
                     raise
                 if owners is None or name not in owners:
-                    self._quarantine(record, f"hook {hook_name} raised", error)
+                    self.quarantine(record, f"hook {hook_name} raised", error)
                     continue
                 raise PluginError(
                     f"plugin {record.label} failed in {hook_name}: {type(error).__name__}: {error}"
