@@ -60,3 +60,15 @@ def test_with_autoload_off_lightning_is_untouched_until_install_is_called():
     assert "xla rejected: True" in lines
     assert "tpu: MisconfigurationException True" in lines
     assert "after install: xla_plugins.accelerator" in lines
+
+
+def test_the_trainer_logs_which_plugin_supplied_each_role_at_start_up(caplog):
+    import logging
+
+    import lightning as L
+
+    with caplog.at_level(logging.INFO):
+        L.Trainer(accelerator="tpu", devices=1, logger=False)
+    (line,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("trainer-plugins: ")]
+    assert line.startswith("trainer-plugins: accelerator=xla [xla (xla-plugins ")
+    assert "strategy=single_xla [xla (xla-plugins" in line and "is_distributed=False [trainer-plugins]" in line

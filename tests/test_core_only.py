@@ -35,3 +35,25 @@ def test_training_on_cpu_goes_through_the_plugin_connector_unchanged():
     assert type(trainer._accelerator_connector).__name__ == "TrainerConnector"
     assert type(trainer.strategy) is SingleDeviceStrategy and trainer.strategy.root_device == torch.device("cpu")
     assert trainer.global_step == 2
+
+
+@pytest.mark.parametrize(
+    "legacy", ["TPUAccelerator", "SingleTPUStrategy", "TPUPrecisionPlugin", "TPUBf16PrecisionPlugin"]
+)
+def test_legacy_classes_warn_then_name_torch_xla_and_leave_no_variable(legacy):
+    import os
+
+    import xla_plugins
+
+    with pytest.deprecated_call(match=f"`{legacy}`"):
+        with pytest.raises(ModuleNotFoundError, match="torch_xla"):
+            getattr(xla_plugins, legacy)()
+    assert not {name for name in ("XLA_USE_F16", "XLA_USE_BF16") if name in os.environ}
+
+
+def test_the_legacy_strategy_name_warns_then_names_torch_xla():
+    import lightning as L
+
+    with pytest.deprecated_call(match="The strategy name 'single_tpu' is deprecated"):
+        with pytest.raises(ModuleNotFoundError, match="torch_xla"):
+            L.Trainer(accelerator="tpu", devices=1, strategy="single_tpu")

@@ -76,3 +76,24 @@ def test_devices_table(n):
         "ValueError",
         "Could not parse `devices='abc'` for XLA: use an int, 'auto', or indices like '0,'.",
     ]
+
+
+@pytest.mark.parametrize(
+    ("pjrt_device", "expected"),
+    [
+        ("TPU", "PJRT_DEVICE=TPU is not usable here: OSError: libtpu not found. Set PJRT_DEVICE to an attached device"),
+        ("NPU9000", "PJRT_DEVICE=NPU9000 is not usable here: RuntimeError: No PjRtPlugin registered for: NPU9000"),
+    ],
+)
+def test_an_unusable_pjrt_device_is_named_with_how_to_choose_another(pjrt_device, expected):
+    result = run_python(
+        """
+        import lightning as L
+        try:
+            L.Trainer(accelerator="tpu", devices=1)
+        except RuntimeError as error:
+            print("error:", error)
+        """,
+        env={"PJRT_DEVICE": pjrt_device},
+    )
+    assert f"error: {expected}" in result.stdout

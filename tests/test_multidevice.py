@@ -109,6 +109,13 @@ def test_spawn_strategy_end_to_end(devices, tmp_path):
 
     parameters = [of_kind(rows, "parameters")[0]["value"] for rows in ranks.values()]
     assert all(p == parameters[0] for p in parameters)
+    assert summary["main_parameters"] == parameters[0]  # the trained weights came back to the main process
+
+    for rank, rows in ranks.items():  # XLA collectives between the replicas
+        (collectives,) = of_kind(rows, "collectives")
+        assert collectives["gathered"] == [float(r) for r in range(devices)]
+        assert collectives["broadcast"] == 7  # rank 0's value, 0 * 10 + 7
+        assert collectives["reduced"] == devices * (devices + 1) / 2
 
     assert len(summary["checkpoints"]) == 1 and summary["checkpoint_devices"] == ["cpu"]
     assert summary["checkpoint_global_step"] == 2 * steps_per_epoch
@@ -151,6 +158,10 @@ def test_spmd_strategy_end_to_end(devices, tmp_path):
 
     parameters = [of_kind(rows, "parameters")[0]["value"] for rows in devices_rows.values()]
     assert all(p == parameters[0] for p in parameters)  # every device holds the same replica
+    assert summary["main_parameters"] == parameters[0]
+
+    (collectives,) = of_kind(devices_rows[0], "collectives")  # one process: global tensors as they are
+    assert collectives == {"kind": "collectives", "gathered": [0.0], "broadcast": 7, "reduced": 1.0, "value": None}
 
     assert len(summary["checkpoints"]) == 1 and summary["checkpoint_devices"] == ["cpu"]
     assert summary["checkpoint_global_step"] == 2 * steps_per_epoch

@@ -154,14 +154,26 @@ class Catalog:
                     )
         return claim
 
-    def owner_of(self, obj: Any, role: str, api: str) -> Optional[Claim]:
-        """The claim whose class is the closest class of ``obj`` (walking its MRO); never imports."""
-        by_class: dict[type, Claim] = {}
+    def _claims_by_class(self, role: str, api: str) -> dict[type, list[Claim]]:
+        """Loaded class -> the claims naming it (plugin claims first); never imports."""
+        by_class: dict[type, list[Claim]] = {}
         for claim in self.claims.get(role, {}).values():
             cls = claim.entry.loaded_class(api)
-            if cls is not None and (cls not in by_class or by_class[cls].builtin):
-                by_class[cls] = claim
-        return next((by_class[cls] for cls in type(obj).__mro__ if cls in by_class), None)
+            if cls is not None:
+                by_class.setdefault(cls, []).append(claim)
+        for claims in by_class.values():
+            claims.sort(key=lambda claim: claim.builtin)
+        return by_class
+
+    def owner_of(self, obj: Any, role: str, api: str) -> Optional[Claim]:
+        """A claim whose class is the closest class of ``obj`` (walking its MRO), a plugin's first."""
+        by_class = self._claims_by_class(role, api)
+        return next((by_class[cls][0] for cls in type(obj).__mro__ if cls in by_class), None)
+
+    def name_of(self, obj: Any, role: str, api: str) -> Optional[str]:
+        """The registered name of ``obj``'s own class, if exactly one entry names that class."""
+        names = {claim.entry.name for claim in self._claims_by_class(role, api).get(type(obj), [])}
+        return names.pop() if len(names) == 1 else None
 
     def quarantine_note(self) -> str:
         """A sentence naming the quarantined plugins with their errors ('' if none), for error messages."""

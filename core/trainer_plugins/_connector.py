@@ -108,17 +108,17 @@ class Connector:
         A second note for a role already decided (the object built from a chosen name) only
         refines the recorded choice; the first decision's plugin and reason stay.
         """
-        text = choice if isinstance(choice, str) else self._describe(role, choice)
+        text = choice if isinstance(choice, str) else self.describe_as(role, choice)
         for index, decision in enumerate(self.explanation):
             if decision.role == role:
                 self.explanation[index] = Decision(role, text, decision.plugin, decision.reason)
                 return
         self.explanation.append(Decision(role, text, plugin, reason))
 
-    def _describe(self, role: str, obj: Any) -> str:
-        """``"registered-name (module.Class)"`` when a catalogue entry owns ``obj``'s class, else the class."""
-        claim = self.catalog.owner_of(obj, role, self.api) if role in self.catalog.claims else None
-        return f"{claim.entry.name} ({describe(obj)})" if claim is not None else describe(obj)
+    def describe_as(self, role: str, obj: Any, name: Optional[str] = None) -> str:
+        """How decisions show ``obj``: ``"name (module.Class)"``, with ``name`` or the one entry naming its class."""
+        name = name or self.catalog.name_of(obj, role, self.api)
+        return f"{name} ({describe(obj)})" if name else describe(obj)
 
     def _owners(self, **objects: Any) -> frozenset[str]:
         """Names of the plugins whose classes ``objects`` (role=object) are instances of."""

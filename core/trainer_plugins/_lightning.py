@@ -164,7 +164,8 @@ class _PluginConnectorMixin:
 
     def _note_lightning_choice(self, role: str, obj: Any, given: Any) -> None:
         reason = "instance given by the user" if not isinstance(given, (str, type(None))) else LIGHTNING_RULE
-        self.plugin_connector.note(role, obj, self._label_of(role, obj), reason)
+        choice = self.plugin_connector.describe_as(role, obj, given if isinstance(given, str) else None)
+        self.plugin_connector.note(role, choice, self._label_of(role, obj), reason)
 
 
 class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):  # type: ignore[misc]

@@ -65,6 +65,16 @@ class Recorder(L.LightningModule):
             val_shuffle=getattr(val_sampler, "shuffle", None),
             world_size=self.trainer.world_size,
         )
+        strategy = self.trainer.strategy
+        strategy.barrier("recorder")
+        strategy.barrier(None)
+        mine = torch.tensor([float(self.global_rank)], device=self.device)
+        self.record(
+            kind="collectives",
+            gathered=self.all_gather(mine).flatten().tolist(),
+            broadcast=strategy.broadcast(self.global_rank * 10 + 7, src=0),
+            reduced=strategy.reduce(torch.tensor(self.global_rank + 1.0, device=self.device), reduce_op="sum").item(),
+        )
 
     def training_step(self, batch, batch_idx):
         x, y, index = batch
@@ -130,7 +140,9 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     checkpoints = os.path.join(args.out, "checkpoints")
     fit = make_trainer(args, EPOCHS, args.out, callbacks=[ModelCheckpoint(dirpath=checkpoints)])
-    fit.fit(Recorder(args.out), train, val)
+    model = Recorder(args.out)
+    fit.fit(model, train, val)
+    main_parameters = [p.detach().cpu().flatten().tolist() for p in model.parameters()]
     files = sorted(os.listdir(checkpoints))
     path = os.path.join(checkpoints, files[0])
     state = torch.load(path, weights_only=False)  # no map_location: XLA tensors would not load here
@@ -157,6 +169,7 @@ def main() -> None:
         "checkpoint_devices": sorted({tensor.device.type for tensor in state["state_dict"].values()}),
         "checkpoint_global_step": state["global_step"],
         "size": size,
+        "main_parameters": main_parameters,
     }
     with open(os.path.join(args.out, "summary.json"), "w") as file:
         json.dump(summary, file)

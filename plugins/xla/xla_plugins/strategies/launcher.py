@@ -103,7 +103,9 @@ class XLALauncher(_LightningXLALauncher):
     """Launcher of ``lightning.Trainer``'s multi-device XLA strategy (see the module docstring).
 
     As Lightning's: the result of rank 0, with the trained weights, is returned to the main process.
-    Only local rank 0 writes the temporary weights file the main process reads back.
+    Unlike Lightning's, the weights are those of the replica that trained: when a worker drives
+    several devices, each thread trains its own copy of the Trainer, and Lightning's launcher would
+    send back its own, untrained copy. Only local rank 0 writes the weights file.
     """
 
     @override
@@ -147,16 +149,17 @@ class XLALauncher(_LightningXLALauncher):
 
     @override
     def _collect_rank_zero_results(self, trainer: pl.Trainer, results: Any) -> Optional[_WorkerOutput]:
-        """Gather what the main process needs; only local rank 0 writes the weights file."""
+        """Gather what the main process needs from this replica's own Trainer (``trainer``)."""
+        strategy = trainer.strategy  # this replica's copy, not the launcher's
         checkpoint_callback = trainer.checkpoint_callback
         best_model_path = getattr(checkpoint_callback, "best_model_path", None) if checkpoint_callback else None
         weights_path = None
         if trainer.state.fn == TrainerFn.FITTING:
-            state_dict = self._strategy.lightning_module_state_dict()  # on every rank: metrics may sync
+            state_dict = strategy.lightning_module_state_dict()  # on every rank: metrics may sync
             weights_path = os.path.join(trainer.default_root_dir, ".temp.ckpt")
-            if self._strategy.local_rank == 0:  # one writer per host (each TPU VM has its own disk)
-                self._strategy.checkpoint_io.save_checkpoint(state_dict, weights_path)
-        if self._strategy.local_rank != 0:
+            if strategy.local_rank == 0:  # one writer per host (each TPU VM has its own disk)
+                strategy.checkpoint_io.save_checkpoint(state_dict, weights_path)
+        if strategy.local_rank != 0:
             return None
         return _WorkerOutput(best_model_path, weights_path, trainer.state, results, self.get_extra_results(trainer))
 
