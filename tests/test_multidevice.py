@@ -111,7 +111,7 @@ def test_spawn_strategy_end_to_end(devices, tmp_path):
     assert all(p == parameters[0] for p in parameters)
     assert summary["main_parameters"] == parameters[0]  # the trained weights came back to the main process
 
-    for rank, rows in ranks.items():  # XLA collectives between the replicas
+    for rows in ranks.values():  # XLA collectives between the replicas
         (collectives,) = of_kind(rows, "collectives")
         assert collectives["gathered"] == [float(r) for r in range(devices)]
         assert collectives["broadcast"] == 7  # rank 0's value, 0 * 10 + 7

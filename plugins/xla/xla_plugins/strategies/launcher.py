@@ -150,7 +150,7 @@ class XLALauncher(_LightningXLALauncher):
     @override
     def _collect_rank_zero_results(self, trainer: pl.Trainer, results: Any) -> Optional[_WorkerOutput]:
         """Gather what the main process needs from this replica's own Trainer (``trainer``)."""
-        strategy = trainer.strategy  # this replica's copy, not the launcher's
+        strategy: Any = trainer.strategy  # this replica's copy, not the launcher's
         checkpoint_callback = trainer.checkpoint_callback
         best_model_path = getattr(checkpoint_callback, "best_model_path", None) if checkpoint_callback else None
         weights_path = None
