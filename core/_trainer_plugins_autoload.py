@@ -54,13 +54,17 @@ class LightningImportHook:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
+            if _is_hook(finder) or find is None:  # any copy of this hook, even from a reloaded module
                 continue
             spec = find(fullname, path, target)
             if spec is not None and spec.loader is not None:
                 _attach_after_exec(spec.loader)
                 return spec
         return None
+
+
+def _is_hook(finder):
+    return type(finder).__name__ == LightningImportHook.__name__
 
 
 def _attach_after_exec(loader):
@@ -121,5 +125,5 @@ def arm():
     except ValueError as error:
         sys.stderr.write(f"trainer-plugins: {error}; automatic registration stays off\n")
         return
-    if enabled and not any(isinstance(finder, LightningImportHook) for finder in sys.meta_path):
+    if enabled and not any(_is_hook(finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, LightningImportHook())

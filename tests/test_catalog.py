@@ -86,3 +86,13 @@ def test_owner_of_finds_the_closest_declared_class_in_the_mro():
     from lightning.pytorch.accelerators import CPUAccelerator
 
     assert catalog.owner_of(CPUAccelerator(), "accelerator", "trainer").plugin.name == "lightning"
+
+
+def test_one_plugin_declaring_a_name_twice_is_reported_and_the_name_refused():
+    plugin = make_plugin(
+        strategies=lambda: [StrategyEntry("twice", trainer="a:S"), StrategyEntry("twice", fabric="b:S")]
+    )
+    with pytest.warns(PluginWarning, match="declared 2 times by p"):
+        catalog = catalog_with(("p", plugin), builtin=False)
+    with pytest.raises(PluginConflictError, match=r"strategy 'twice' is declared 2 times by p \(p-dist 1.0\)"):
+        catalog.find("strategy", "twice")

@@ -121,3 +121,15 @@ def test_controls_set_from_code_hold_in_spawned_worker_processes(clean_controls)
     states = queue.get(timeout=120)
     worker.join(30)
     assert states["xla"] == "blocked" and states["lightning"] == "loaded"
+
+
+def test_a_string_is_read_like_the_environment_variable_and_star_allows_all_again(clean_controls):
+    assert trainer_plugins.configure(block="xla, npu").block == frozenset({"xla", "npu"})
+    assert trainer_plugins.configure(allow=["xla"]).allow == frozenset({"xla"})
+    assert trainer_plugins.configure(allow="*").allow is None
+
+
+def test_names_compare_as_pep_503_does():
+    controls = Controls.from_env({"TRAINER_PLUGINS_BLOCK": "XLA_Plugins", "TRAINER_PLUGINS_PIN_ACCELERATOR": "CPU"})
+    assert controls.admits("xla", "xla-plugins") == "blocked by TRAINER_PLUGINS_BLOCK (xla-plugins)"
+    assert controls.pins == {"accelerator": "cpu"}

@@ -72,10 +72,7 @@ def test_devices_table(n):
     assert rows["'0,1,2'"][1].endswith("got [0, 1, 2].")
 
     # an unparsable string is quoted
-    assert rows["'abc'"] == [
-        "ValueError",
-        "Could not parse `devices='abc'` for XLA: use an int, 'auto', or indices like '0,'.",
-    ]
+    assert rows["'abc'"] == ["ValueError", f"{choices} 'abc'."]
 
 
 @pytest.mark.parametrize(

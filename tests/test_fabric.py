@@ -116,3 +116,33 @@ def test_fabric_is_attached_automatically():
 
     assert trainer_plugins.installed()
     assert type(L.Fabric(accelerator="tpu", devices=1)._connector).__name__ == "FabricConnector"
+
+
+def test_a_fabric_run_without_launch_still_computes_float32_in_float32():
+    """The legacy XLA_USE_BF16 must not reach torch_xla: Fabric may skip launch() on one device."""
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import torch, lightning as L
+        fabric = L.Fabric(accelerator="xla", devices=1, precision="bf16-true")
+        fabric.setup(torch.nn.Linear(2, 2))
+        x = torch.tensor([1 + 2**-10], device=fabric.device)
+        print("difference:", (x - 1).item(), x.dtype)
+        """
+    )
+    assert "difference: 0.0009765625 torch.float32" in result.stdout
+    assert "XLA_USE_BF16 will be deprecated" not in result.stdout + result.stderr
+
+
+def test_a_finished_fabric_run_leaves_no_precision_variable_behind():
+    import gc
+
+    def run() -> None:
+        fabric = L.Fabric(accelerator="xla", devices=1, precision="bf16-true")
+        fabric.setup(nn.Linear(2, 2))
+        assert os.environ.get("XLA_USE_BF16") == "1"
+
+    run()
+    gc.collect()
+    assert "XLA_USE_BF16" not in os.environ

@@ -144,3 +144,26 @@ def test_entry_point_plugins_outside_the_allow_list_are_not_loaded():
     manager.load_entry_points()
     assert manager.records["xla"].state == "blocked"
     assert manager.records["xla"].reason == "not in TRAINER_PLUGINS_ALLOW (someone-else)"
+
+
+def test_registering_the_same_plugin_twice_changes_nothing():
+    plugin = make_plugin(strategies=strategies("npu_ddp"))
+    manager = manager_with(("npu", plugin))
+    from trainer_plugins import PluginRecord
+
+    assert manager.register_plugin(plugin, PluginRecord("npu", "tests.npu", "npu-dist", "1.0")) is True
+    assert [record.name for record, _ in manager.call_each("trainer_plugins_strategies")] == ["npu", "lightning"]
+
+
+def test_a_second_plugin_under_a_taken_name_is_set_aside_and_the_first_keeps_working():
+    from trainer_plugins import PluginRecord
+
+    manager = manager_with(("npu", make_plugin(strategies=strategies("npu_ddp"))))
+    impostor = make_plugin(strategies=strategies("other"))
+    with pytest.warns(
+        PluginWarning, match=r"npu \(impostor-dist 2.0\): plugin name 'npu' is already used by npu \(npu-dist 1.0\)"
+    ):
+        assert manager.register_plugin(impostor, PluginRecord("npu", "tests.impostor", "impostor-dist", "2.0")) is False
+    assert manager.records["npu"].distribution == "npu-dist" and manager.records["npu"].state == "loaded"
+    assert manager.records["npu@impostor-dist"].state == "quarantined"
+    assert [r.name for r, _ in manager.call_each("trainer_plugins_strategies")] == ["npu", "lightning"]

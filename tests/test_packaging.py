@@ -85,3 +85,19 @@ def test_versions_outside_a_declared_range_are_named_with_the_range(monkeypatch)
     assert versions.unsupported_versions("trainer-plugins", ["lightning"]) == [
         "trainer-plugins supports lightning<2.7,>=2.5, but lightning 2.7.1 is installed"
     ]
+
+
+def test_a_reloaded_start_up_module_does_not_arm_a_second_hook():
+    result = run_python(
+        """
+        import importlib, sys
+        import _trainer_plugins_autoload as autoload
+        autoload = importlib.reload(autoload)
+        autoload.arm()
+        import lightning
+        import trainer_plugins
+        print(sum(type(f).__name__ == "LightningImportHook" for f in sys.meta_path), trainer_plugins.installed())
+        """,
+        env={"TRAINER_PLUGINS_AUTOLOAD": None},
+    )
+    assert result.stdout.split()[-2:] == ["1", "True"]

@@ -80,7 +80,7 @@ def test_blocked_plugins_are_listed_as_blocked_and_never_imported():
     plugins = {plugin["name"]: plugin for plugin in found["plugins"]}
     assert (plugins["broken_import"]["state"], plugins["broken_import"]["reason"]) == (
         "blocked",
-        "blocked by TRAINER_PLUGINS_BLOCK (broken_import)",
+        "blocked by TRAINER_PLUGINS_BLOCK (broken-import)",
     )
     assert plugins["raising_hook"]["reason"] == "blocked by TRAINER_PLUGINS_BLOCK (tp-fixture-raising-hook)"
     assert "libnpu.so" not in found["stderr"]

@@ -106,3 +106,30 @@ def test_no_variable_is_set_by_building_the_precision_plugin():
 
     XLAPrecision("bf16-true")
     assert not {name for name in VARIABLES if name in os.environ}
+
+
+def test_replica_threads_share_the_default_dtype_without_clobbering_each_other():
+    import threading
+
+    from xla_plugins import XLAPrecision
+
+    precision = XLAPrecision("bf16-true")
+    inside, entered, release = [], threading.Barrier(2), threading.Event()
+
+    def replica(first_out: bool) -> None:
+        with precision.forward_context():
+            entered.wait()
+            inside.append(torch.get_default_dtype())
+            if not first_out:
+                release.wait()
+        if first_out:
+            inside.append(torch.get_default_dtype())  # the other replica is still in its forward
+            release.set()
+
+    threads = [threading.Thread(target=replica, args=(first,)) for first in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert inside == [torch.bfloat16] * 3
+    assert torch.get_default_dtype() == torch.float32

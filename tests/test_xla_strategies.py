@@ -163,3 +163,33 @@ def test_the_xrt_runtime_is_refused():
     with mock.patch("torch_xla.runtime.device_type", return_value=None):
         with pytest.raises(RuntimeError, match="The XLA XRT runtime is not supported anymore"):
             _runtime.require_torch_xla()
+
+
+class NeedsTwoArguments(Exception):
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"step {step}: {reason}")
+
+
+def test_a_worker_exception_that_cannot_be_rebuilt_still_reaches_the_user_with_its_traceback():
+    import queue
+    from concurrent.futures.process import BrokenProcessPool
+
+    from xla_plugins.strategies.launcher import _report, _reported_failure
+
+    try:
+        raise NeedsTwoArguments(3, "diverged")
+    except NeedsTwoArguments as error:
+        report = _report(1, error)
+    errors: queue.Queue = queue.Queue()
+    errors.put(report)
+    error, worker_traceback = _reported_failure(errors, BrokenProcessPool("gone"))
+    assert isinstance(error, RuntimeError)
+    assert str(error) == "XLA worker of rank 1 failed: test_xla_strategies.NeedsTwoArguments: step 3: diverged"
+    assert 'raise NeedsTwoArguments(3, "diverged")' in str(worker_traceback)
+
+
+def test_parse_devices_accepts_auto_and_lists_the_choices_for_unreadable_strings():
+    count = xla_plugins.XLAAccelerator.auto_device_count()
+    assert xla_plugins.XLAAccelerator.parse_devices("auto") == count
+    with pytest.raises(ValueError, match=r"`devices` can only be 'auto', 1, 1 or \[0-0\] for XLA .* got '\[0\]'\."):
+        xla_plugins.XLAAccelerator.parse_devices("[0]")

@@ -67,6 +67,12 @@ class Conflict:
 
     def describe(self) -> str:
         """One line naming every claimant's distribution and the outcome."""
+        claimants = {claim.plugin.label for claim in self.claims}
+        if len(claimants) == 1:
+            return (
+                f"{self.role} {self.name!r} is declared {len(self.claims)} times by {claimants.pop()}, so the name is"
+                " unusable: declare it once (one entry takes both trainer= and fabric=)"
+            )
         who = ", ".join(claim.plugin.label for claim in self.claims)
         if self.winner is None:
             return (
@@ -121,11 +127,12 @@ class Catalog:
             winner = builtin[0]
         else:
             winner = None
+        if len({claim.plugin.name for claim in claims}) == 1:
+            winner = None  # one plugin declaring a name twice: a bug in the plugin, not a contest
         conflict = Conflict(role, name, sorted(claims, key=lambda c: (not c.builtin, c.plugin.name)), winner)
-        if len({claim.plugin.name for claim in claims}) > 1:
-            self.conflicts.append(conflict)
-            if winner is None or winner.builtin:
-                warnings.warn(f"trainer-plugins: {conflict.describe()}", PluginWarning, stacklevel=4)
+        self.conflicts.append(conflict)
+        if winner is None or winner.builtin:
+            warnings.warn(f"trainer-plugins: {conflict.describe()}", PluginWarning, stacklevel=4)
         return winner
 
     # --- lookups ---------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
+
+from packaging.utils import canonicalize_name
 
 from _trainer_plugins_autoload import AUTOLOAD_VARIABLE, autoload_enabled
 
@@ -23,8 +25,13 @@ PIN_VARIABLES = {
 }
 
 
+#: The value of ``TRAINER_PLUGINS_ALLOW`` (and ``configure(allow=...)``) that allows every plugin.
+ALLOW_ALL = "*"
+
+
 def _names(value: Optional[str]) -> frozenset[str]:
-    return frozenset(part.strip() for part in (value or "").split(",") if part.strip())
+    """Canonical names (PEP 503: lower case, ``-``/``_``/``.`` alike) of a comma-separated list."""
+    return frozenset(canonicalize_name(part.strip()) for part in (value or "").split(",") if part.strip())
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class Controls:
 
     Args:
         autoload: patch ``lightning.Trainer``/``Fabric`` automatically when Lightning is imported.
-        block: plugin names (entry-point names) or distribution names never loaded.
+        block: plugin names (entry-point names) or distribution names never loaded. Names compare
+            as PEP 503 does: case and ``-``/``_``/``.`` do not matter.
         allow: if not ``None``, only these plugin or distribution names are loaded.
         pins: role -> name that ``"auto"`` means for that role (``{"accelerator": "cpu"}``).
     """
@@ -52,17 +60,17 @@ class Controls:
         """
         env = os.environ if environ is None else environ
         allow = env.get(ALLOW_VARIABLE)
-        pins = {role: env[var].strip() for role, var in PIN_VARIABLES.items() if env.get(var, "").strip()}
+        pins = {role: env[var].strip().lower() for role, var in PIN_VARIABLES.items() if env.get(var, "").strip()}
         return cls(
             autoload=autoload_enabled(env.get(AUTOLOAD_VARIABLE)),
             block=_names(env.get(BLOCK_VARIABLE)),
-            allow=None if allow is None else _names(allow),
+            allow=None if allow is None or allow.strip() == ALLOW_ALL else _names(allow),
             pins=pins,
         )
 
     def admits(self, *names: Optional[str]) -> Optional[str]:
         """Why a plugin known by any of ``names`` must not load, or ``None`` when it may load."""
-        known = {name for name in names if name}
+        known = {canonicalize_name(name) for name in names if name}
         blocked = known & self.block
         if blocked:
             return f"blocked by {BLOCK_VARIABLE} ({', '.join(sorted(blocked))})"
@@ -74,8 +82,8 @@ class Controls:
 def configure(
     *,
     autoload: Optional[bool] = None,
-    block: Optional[Iterable[str]] = None,
-    allow: Optional[Iterable[str]] = None,
+    block: Optional[Union[str, Iterable[str]]] = None,
+    allow: Optional[Union[str, Iterable[str]]] = None,
     pins: Optional[Mapping[str, Optional[str]]] = None,
 ) -> Controls:
     """Set controls from code; ``None`` leaves a control as it is.
@@ -86,8 +94,10 @@ def configure(
     Args:
         autoload: ``False`` stops automatic patching in processes started from now on; in this
             process call :func:`trainer_plugins.uninstall` as well.
-        block: plugin or distribution names to block (replaces the current list).
-        allow: plugin or distribution names to allow exclusively (``[]`` allows none).
+        block: plugin or distribution names to block (replaces the current list); a string is
+            read like the environment variable, comma-separated.
+        allow: plugin or distribution names to allow exclusively (``[]`` allows none,
+            ``"*"`` allows all again).
         pins: role -> name; a ``None`` value removes that pin.
 
     Returns:
@@ -104,9 +114,9 @@ def configure(
     if autoload is not None:
         os.environ[AUTOLOAD_VARIABLE] = "1" if autoload else "0"
     if block is not None:
-        os.environ[BLOCK_VARIABLE] = ",".join(block)
+        os.environ[BLOCK_VARIABLE] = block if isinstance(block, str) else ",".join(block)
     if allow is not None:
-        os.environ[ALLOW_VARIABLE] = ",".join(allow)
+        os.environ[ALLOW_VARIABLE] = allow if isinstance(allow, str) else ",".join(allow)
     for role, name in (pins or {}).items():
         if name is None:
             os.environ.pop(PIN_VARIABLES[role], None)

@@ -36,6 +36,8 @@ class _PluginConnectorMixin:
     _accelerator_names_attr: ClassVar[str]  # Lightning's list of valid accelerator names
     _precision_attr: ClassVar[str]  # Lightning's normalised precision string
     _precision_instance_attr: ClassVar[str]  # a Precision instance given through `plugins=`
+    #: How Lightning's last check, refusing XLA strategies other than its own, begins.
+    _LIGHTNING_XLA_REFUSAL: ClassVar[str] = "The `XLAAccelerator` can only be used with"
 
     plugin_connector: Connector
     accelerator: Any
@@ -131,8 +133,9 @@ class _PluginConnectorMixin:
     def _lazy_init_strategy(self) -> None:
         try:
             super()._lazy_init_strategy()  # type: ignore[misc]
-        except ValueError:
-            if not self._lightning_refused_a_plugin_xla_strategy():
+        except ValueError as error:
+            refusal = str(error).startswith(self._LIGHTNING_XLA_REFUSAL)
+            if not (refusal and self._lightning_refused_a_plugin_xla_strategy()):
                 raise
         self.plugin_connector.explain_is_distributed(self.strategy)
         explanation = self.plugin_connector.explanation

@@ -6,7 +6,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Optional
 
@@ -51,6 +51,7 @@ class PluginRecord:
         reason: why it is in that state (empty when loaded).
         error: the exception that quarantined it, if any.
         api: the ``TRAINER_PLUGINS_API`` specifier it declared.
+        plugin: the registered plugin object (``None`` until registered).
     """
 
     name: str
@@ -61,6 +62,7 @@ class PluginRecord:
     reason: str = ""
     error: Optional[BaseException] = None
     api: Optional[str] = None
+    plugin: Any = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -106,8 +108,7 @@ class PluginManager(pluggy.PluginManager):
             if other is not None and (other.distribution, other.value) == (record.distribution, record.value):
                 continue  # already loaded: loading twice changes nothing
             if other is not None:
-                self._set_state(record, "quarantined", f"plugin name {ep.name!r} is also used by {other.label}")
-                self.records[f"{ep.name}@{record.distribution}"] = record
+                self._set_aside(record, f"plugin name {ep.name!r} is also used by {other.label}")
                 continue
             self.records[ep.name] = record
             refusal = self.controls.admits(record.name, record.distribution)
@@ -128,7 +129,13 @@ class PluginManager(pluggy.PluginManager):
         Returns:
             ``True`` when registered, ``False`` when quarantined instead.
         """
-        self.records.setdefault(record.name, record)
+        registered = self.get_plugin(record.name)
+        if registered is plugin:
+            return True  # registering the same plugin again changes nothing
+        if registered is not None:
+            self._set_aside(record, f"plugin name {record.name!r} is already used by {self.records[record.name].label}")
+            return False
+        self.records[record.name] = record
         record.api = getattr(plugin, "TRAINER_PLUGINS_API", None)
         problem = _api_problem(record.api)
         if problem:
@@ -139,6 +146,7 @@ class PluginManager(pluggy.PluginManager):
         except Exception as error:
             self.quarantine(record, "registration failed", error)
             return False
+        record.plugin = plugin
         wrappers = [i.function.__name__ for i in self._impls_of(record.name) if i.hookwrapper or i.wrapper]
         if wrappers:
             self.quarantine(record, f"hook wrappers are not supported ({', '.join(wrappers)})", None)
@@ -160,9 +168,14 @@ class PluginManager(pluggy.PluginManager):
         """Set ``record``'s plugin aside: unregister it, record why, and warn (``PluginWarning``)."""
         detail = f"{reason}: {type(error).__name__}: {error}" if error is not None else reason
         self._set_state(record, "quarantined", detail, error)
-        if self.get_plugin(record.name) is not None:
-            self.unregister(name=record.name)
+        if record.plugin is not None and self.is_registered(record.plugin):
+            self.unregister(record.plugin)
         warnings.warn(f"trainer-plugins quarantined plugin {record.label}: {detail}", PluginWarning, stacklevel=3)
+
+    def _set_aside(self, record: PluginRecord, reason: str) -> None:
+        """Quarantine a plugin whose name another plugin holds, keeping its record apart from the holder's."""
+        self.records[f"{record.name}@{record.distribution}"] = record
+        self.quarantine(record, reason, None)
 
     def quarantined(self) -> list[PluginRecord]:
         """The records of quarantined plugins."""

@@ -54,9 +54,9 @@ class XLAAccelerator(_LightningXLAAccelerator):
         """Validate ``devices`` for XLA (SPEC "Devices"); N is the runtime's device count.
 
         Args:
-            devices: ``1``, ``N``, ``[i]`` with ``0 <= i < N``, or a string of one of them
-                (``"8"`` -> 8, ``"2,"`` -> ``[2]``). ``"auto"`` is resolved by Lightning beforehand
-                through :meth:`auto_device_count`.
+            devices: ``"auto"`` (all N), ``1``, ``N``, ``[i]`` with ``0 <= i < N``, or a string of
+                one of them (``"8"`` -> 8, ``"2,"`` -> ``[2]``). Lightning usually resolves
+                ``"auto"`` itself, through :meth:`auto_device_count`, before calling this.
 
         Returns:
             The number of devices, or a one-element list naming the device index.
@@ -67,16 +67,20 @@ class XLAAccelerator(_LightningXLAAccelerator):
         """
         if not _is_devices_value(devices):
             raise TypeError(f"`devices` for XLA must be 'auto', an int, a string or a list of ints, got {devices!r}.")
-        if isinstance(devices, str):
-            devices = _parse_device_string(devices)
         count = XLAAccelerator.auto_device_count()
-        if isinstance(devices, int) and devices in (1, count):
-            return devices
-        if isinstance(devices, (list, tuple)) and len(devices) == 1 and 0 <= devices[0] < count:
-            return list(devices)
+        parsed: Union[int, list[int], None]
+        if isinstance(devices, str):
+            parsed = count if devices.strip() == "auto" else _parse_device_string(devices)
+        else:
+            parsed = list(devices) if isinstance(devices, (list, tuple)) else devices
+        if isinstance(parsed, int) and parsed in (1, count):
+            return parsed
+        if isinstance(parsed, (list, tuple)) and len(parsed) == 1 and 0 <= parsed[0] < count:
+            return list(parsed)
+        shown = devices if parsed is None else parsed
         raise ValueError(
             f"`devices` can only be 'auto', 1, {count} or [0-{count - 1}] for XLA"
-            f" (PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} has {count} device(s)), got {devices!r}."
+            f" (PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} has {count} device(s)), got {shown!r}."
         )
 
     @staticmethod
@@ -176,8 +180,8 @@ def _is_devices_value(devices: object) -> bool:
     return type(devices) in (int, str)
 
 
-def _parse_device_string(devices: str) -> Union[int, list[int]]:
-    """``"8"`` -> 8, ``"0,1"`` -> [0, 1], ``"2,"`` -> [2]; anything else raises ``ValueError`` quoting it."""
+def _parse_device_string(devices: str) -> Union[int, list[int], None]:
+    """``"8"`` -> 8, ``"0,1"`` -> [0, 1], ``"2,"`` -> [2]; ``None`` when the string is neither."""
     text = devices.strip()
     try:
         return int(text)
@@ -186,6 +190,4 @@ def _parse_device_string(devices: str) -> Union[int, list[int]]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(
-            f"Could not parse `devices={devices!r}` for XLA: use an int, 'auto', or indices like '0,'."
-        ) from None
+        return None

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
+from lightning.fabric.plugins.precision.utils import _convert_fp_tensor
 from lightning.fabric.plugins.precision.xla import XLAPrecision as _LightningFabricXLAPrecision
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from lightning.fabric.utilities.types import Optimizable
@@ -54,13 +56,58 @@ def check_precision(precision: Any) -> str:
     )
 
 
+class _SharedDefaultDtype:
+    """``torch.set_default_dtype`` for the replicas of one process, which run as threads.
+
+    The default dtype is process-wide, and a worker driving several XLA devices runs one replica per
+    thread, all in the same precision. The first replica to enter sets the dtype, the last to leave
+    restores the one found on entry, so no replica ever sees another's half-restored state.
+    """
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: torch.dtype = torch.float32
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        with _SharedDefaultDtype._lock:
+            if _SharedDefaultDtype._depth == 0:
+                _SharedDefaultDtype._saved = torch.get_default_dtype()
+                torch.set_default_dtype(self.dtype)
+            _SharedDefaultDtype._depth += 1
+
+    def __exit__(self, *exc_info: Any) -> None:
+        with _SharedDefaultDtype._lock:
+            _SharedDefaultDtype._depth -= 1
+            if _SharedDefaultDtype._depth == 0:
+                torch.set_default_dtype(_SharedDefaultDtype._saved)
+
+
+#: The precision plugin that last set an ``XLA_USE_*`` variable (a weak reference).
+_variable_owner: Optional[weakref.ref] = None
+
+
+def _clear_variables(owner: Optional[weakref.ref] = None) -> None:
+    """Remove every ``XLA_USE_*`` variable (only if ``owner`` still owns them, when given)."""
+    global _variable_owner
+    if owner is not None and owner is not _variable_owner:
+        return
+    _variable_owner = None
+    for variable in PRECISION_VARIABLES:
+        os.environ.pop(variable, None)
+
+
 class _XLAPrecisionBehaviour:
     """What the Trainer and Fabric flavours share: dtype handling and the ``XLA_USE_*`` lifecycle.
 
     The module, the tensors created in it and floating-point inputs are converted to the dtype of
     the precision, so training really runs in it on every torch_xla version. The legacy variable
     (``XLA_USE_F16``/``XLA_USE_BF16``) is also set from the moment the module is converted until
-    :meth:`teardown`; torch_xla >= 2.6 deprecates it and reads it only at runtime start.
+    :meth:`teardown`, or until the plugin is garbage-collected (Fabric has no end-of-run hook). The
+    runtime is started before the variable is set: torch_xla reads the variable only then, so it
+    never changes the dtypes that run (and torch_xla >= 2.6 prints no deprecation notice for it).
     """
 
     precision: str
@@ -72,11 +119,16 @@ class _XLAPrecisionBehaviour:
         self._desired_dtype = PRECISIONS[self.precision][0]
 
     def _activate(self) -> None:
-        """Set this precision's variable, after clearing any another run may have left."""
-        self.teardown()
+        """Start the runtime, clear any variable another run left, and set this precision's."""
+        global _variable_owner
+        import torch_xla
+
+        torch.zeros(1, device=torch_xla.device())  # the runtime reads XLA_USE_* once, at its first tensor
+        _clear_variables()
         variable = PRECISIONS[self.precision][1]
         if variable is not None:
             os.environ[variable] = "1"
+            _variable_owner = weakref.ref(self, _clear_variables)
 
     def convert_module(self, module: Module) -> Module:
         """Activate the precision and cast ``module``'s parameters and buffers to its dtype."""
@@ -84,7 +136,7 @@ class _XLAPrecisionBehaviour:
         return module if self._desired_dtype == torch.float32 else module.to(dtype=self._desired_dtype)
 
     def tensor_init_context(self) -> AbstractContextManager:
-        return _DtypeContextManager(self._desired_dtype)
+        return _SharedDefaultDtype(self._desired_dtype)
 
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()
@@ -92,7 +144,7 @@ class _XLAPrecisionBehaviour:
     @contextmanager
     def forward_context(self) -> Generator[None, None, None]:
         """Create new floating-point tensors in the precision's dtype during forward."""
-        with _DtypeContextManager(self._desired_dtype):
+        with _SharedDefaultDtype(self._desired_dtype):
             yield
 
     def convert_input(self, data: Any) -> Any:
@@ -100,13 +152,12 @@ class _XLAPrecisionBehaviour:
         return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=self._desired_dtype)
 
     def convert_output(self, data: Any) -> Any:
-        """Cast floating-point tensors of ``data`` back to the default dtype (float32)."""
-        return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.get_default_dtype())
+        """Cast floating-point tensors of ``data`` back to float32."""
+        return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.float32)
 
     def teardown(self) -> None:
         """Remove every ``XLA_USE_*`` variable a precision may have set."""
-        for variable in PRECISION_VARIABLES:
-            os.environ.pop(variable, None)
+        _clear_variables()
 
 
 class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):  # type: ignore[misc]
@@ -154,8 +205,8 @@ class FabricXLAPrecision(_XLAPrecisionBehaviour, _LightningFabricXLAPrecision): 
     Its optimizer step is Lightning's: ``xm.optimizer_step(optimizer, barrier=True)``, which reduces
     the gradients across replicas, steps, and syncs the graph right away (better for performance).
     Fabric has no end-of-run hook: the ``XLA_USE_*`` variable stays set until
-    ``fabric.strategy.teardown()`` or until another XLA precision plugin starts a run, which first
-    clears every ``XLA_USE_*`` variable.
+    ``fabric.strategy.teardown()``, until the plugin is garbage-collected (with its Fabric), or until
+    another XLA precision plugin starts a run, which first clears every ``XLA_USE_*`` variable.
 
     Raises:
         ValueError: unsupported precision (see :func:`check_precision`).

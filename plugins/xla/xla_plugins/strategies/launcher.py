@@ -202,5 +202,10 @@ def _reported_failure(error_queue: Any, broken: BrokenProcessPool) -> tuple[Base
         rank, pickled, text = error_queue.get(timeout=REPORT_TIMEOUT_S)
     except queue.Empty:
         return RuntimeError(f"An XLA worker process died without reporting an exception ({broken})."), None
-    error = pickle.loads(pickled) if pickled is not None else RuntimeError(f"XLA worker of rank {rank} failed")
+    try:
+        error = pickle.loads(pickled) if pickled is not None else None
+    except Exception:  # pickled, but it cannot be rebuilt here (e.g. an __init__ with other arguments)
+        error = None
+    if not isinstance(error, BaseException):
+        error = RuntimeError(f"XLA worker of rank {rank} failed: {text.strip().splitlines()[-1]}")
     return error, WorkerTraceback(f"\n\nXLA worker of rank {rank} raised:\n{text}")
