@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,7 @@ def run(tmp_path: Path, *args: str) -> dict:
     script.write_text(SCRIPT)
     result = subprocess.run(
         [sys.executable, str(script), *args],
-        env={**__import__("os").environ, "OUT": str(tmp_path)},
+        env={**os.environ, "OUT": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=300,

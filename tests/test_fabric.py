@@ -22,8 +22,9 @@ SCRIPT = Path(__file__).parent / "scripts" / "fabric_digits.py"
 
 
 def fabric_run(strategy: str, devices: int, precision: str) -> list[dict]:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices)}
-    env.update({"XLA_THREAD_POOL_SIZE": str(2 * devices), "PJRT_CPU_ASYNC_CLIENT": "0"})
+    from xla_cpu_harness import required_environment
+
+    env = {**os.environ, **required_environment(devices)}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", str(devices), "--precision", precision],
         env=env,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,19 +25,14 @@ BATCH = 8
 
 
 def environment(devices: int) -> dict[str, str]:
-    return {
-        "PJRT_DEVICE": "CPU",
-        "CPU_NUM_DEVICES": str(devices),
-        "XLA_THREAD_POOL_SIZE": str(2 * devices),
-        "PJRT_CPU_ASYNC_CLIENT": "0",
-    }
+    from xla_cpu_harness import required_environment  # imports torch_xla: only once the test runs
+
+    return required_environment(devices)
 
 
 def run_scenario(
     strategy: str, devices: int, out: Path
 ) -> tuple[dict, dict[int, list[dict]], dict[str, dict[int, list[dict]]]]:
-    import os
-
     result = subprocess.run(
         [
             sys.executable,
@@ -174,7 +170,7 @@ def test_spmd_strategy_end_to_end(devices, tmp_path):
 def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "worker_failure.py"), str(tmp_path)],
-        env={**__import__("os").environ, **environment(4)},
+        env={**os.environ, **environment(4)},
         capture_output=True,
         text=True,
         timeout=300,
