@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import re
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -165,8 +166,8 @@ def _probed_device_count(configuration: tuple[tuple[str, str], ...]) -> int:
             child.join()
     if not ok:
         raise RuntimeError(
-            f"PJRT_DEVICE={pjrt_device} is not usable here: {answer}. Set PJRT_DEVICE to an attached device type"
-            " (TPU, CUDA, CPU, ...)."
+            f"PJRT_DEVICE={pjrt_device} is not usable here: {answer.rstrip('.')}."
+            " Set PJRT_DEVICE to an attached device type (TPU, CUDA, CPU, ...)."
         )
     return int(answer)
 
@@ -178,10 +179,24 @@ def _report_device_count(sender: Connection) -> None:
 
         sender.send((True, xr.global_runtime_device_count()))
     except BaseException as error:  # noqa: BLE001 - everything is reported to the parent
-        sender.send((False, f"{type(error).__name__}: {error}"))
+        sender.send((False, runtime_error_text(error)))
     finally:
         sender.close()
         os._exit(0)
+
+
+_STACK_TRACE = re.compile(r"\*\*\* Begin stack trace \*\*\*.*?\*\*\* End stack trace \*\*\*", re.DOTALL)
+
+
+def runtime_error_text(error: BaseException) -> str:
+    """``"<ExceptionType>: <message>"`` on one line, for quoting a torch_xla error to a user.
+
+    torch_xla 2.8 appends a C++ stack trace (between ``*** Begin stack trace ***`` and
+    ``*** End stack trace ***``) to the message of a failed runtime check; it is dropped and the
+    remaining lines are joined, so the runtime's own reason (e.g. ``Unknown PJRT_DEVICE 'X'``) stays.
+    """
+    text = " ".join(_STACK_TRACE.sub(" ", str(error)).split())
+    return f"{type(error).__name__}: {text}"
 
 
 def auto_candidate() -> bool:
