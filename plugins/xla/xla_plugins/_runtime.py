@@ -237,7 +237,7 @@ def describe() -> dict[str, object]:
         info["device type"] = device_type()
         info["device count"] = device_count()
     except (ModuleNotFoundError, RuntimeError) as error:
-        info["error"] = f"{type(error).__name__}: {error}"
+        info["error"] = runtime_error_text(error)
     return info
 
 
