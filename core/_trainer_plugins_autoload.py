@@ -5,8 +5,9 @@ torch, no Lightning, no plugin). When the ``lightning`` package has finished imp
 ``import lightning...`` runs its ``__init__`` first, which loads Trainer and Fabric), the hook
 :func:`attach` es: Trainer and Fabric then build the plugin-aware connectors of
 :mod:`trainer_plugins._lightning`, which are imported on the first ``Trainer(...)``/``Fabric(...)``.
-Set ``TRAINER_PLUGINS_AUTOLOAD=0`` to switch this off; ``trainer_plugins.install()`` attaches
-explicitly.
+Set ``TRAINER_PLUGINS_AUTOLOAD=0`` to switch this off: the ``.pth`` line then does not even import
+this module, so nothing of trainer-plugins is imported, runs or prints; ``trainer_plugins.install()``
+attaches explicitly.
 
 PYTEST_DONT_REWRITE: this module is imported at start-up, before pytest loads the conformance kit
 of this distribution (``pytest11`` entry point), so pytest must not try to rewrite it.
@@ -26,6 +27,7 @@ TARGETS = (
 )
 _originals: dict = {}
 
+#: The off words; ``trainer_plugins.pth`` repeats them (it must decide before importing anything).
 _OFF = frozenset({"0", "false", "no", "off"})
 _ON = frozenset({"", "1", "true", "yes", "on"})
 

@@ -101,3 +101,34 @@ def test_a_reloaded_start_up_module_does_not_arm_a_second_hook():
         env={"TRAINER_PLUGINS_AUTOLOAD": None},
     )
     assert result.stdout.split()[-2:] == ["1", "True"]
+
+
+#: Top-level modules of the distributions in this repository (and the start-up module of the core).
+OUR_MODULES = ("trainer_plugins", "_trainer_plugins_autoload", "xla_plugins", "localsgd_plugin")
+
+
+def test_autoload_off_a_fit_imports_runs_and_prints_nothing_of_ours(tmp_path):
+    """With TRAINER_PLUGINS_AUTOLOAD=0 no module of ours is imported and no line of ours is written, checkpoint included."""
+    result = run_python(
+        f"""
+        import sys
+        import torch
+        import lightning as L
+        from lightning.pytorch.demos.boring_classes import BoringModel
+
+        trainer = L.Trainer(accelerator="cpu", max_steps=2, default_root_dir={str(tmp_path)!r}, logger=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(BoringModel())
+        (path,) = trainer.checkpoint_callback.best_model_path,
+        print("checkpoint keys:", sorted(torch.load(path, weights_only=False)))
+        print("callbacks:", sorted(type(callback).__name__ for callback in trainer.callbacks))
+        print("ours:", sorted(name for name in sys.modules if name.split(".")[0] in {OUR_MODULES!r}))
+        """,
+        env={"TRAINER_PLUGINS_AUTOLOAD": "0"},
+    )
+    lines = result.stdout.splitlines()
+    assert "ours: []" in lines
+    assert "callbacks: ['ModelCheckpoint']" in lines
+    assert not any("trainer_plugins" in line for line in lines if line.startswith("checkpoint keys:"))
+    output = (result.stdout + result.stderr).lower()
+    assert "trainer-plugins" not in output and "trainer_plugins" not in output and "pluginset" not in output

@@ -190,12 +190,23 @@ class FabricConnector(_PluginConnectorMixin, _Connector):  # type: ignore[misc]
 
 
 class TrainerDataConnector(_DataConnector):
-    """``lightning.Trainer``'s data connector, with a clear error when sampler injection is impossible.
+    """``lightning.Trainer``'s data connector: adds the checkpoint record, explains failed sampler injection.
+
+    Lightning's ``Trainer.__init__`` initialises the data connector after the callbacks, so this
+    appends :class:`PluginSetCheckpoint` to ``trainer.callbacks`` there: the record comes only with
+    the plugin-aware connectors (never through an entry point Lightning loads on its own, so
+    ``TRAINER_PLUGINS_AUTOLOAD=0`` leaves it out).
 
     When the connector says a run is distributed, Lightning rebuilds each dataloader with a
     ``DistributedSampler``. A custom batch sampler it cannot rebuild makes Lightning raise a bare
     ``TypeError``; this names the batch sampler and the two ways out.
     """
+
+    def on_trainer_init(self, *args: Any, **kwargs: Any) -> None:
+        super().on_trainer_init(*args, **kwargs)
+        callbacks = self.trainer.callbacks
+        if not any(isinstance(callback, PluginSetCheckpoint) for callback in callbacks):
+            callbacks.append(PluginSetCheckpoint())
 
     def _prepare_dataloader(self, dataloader: object, shuffle: bool, mode: RunningStage) -> object:
         try:
@@ -219,8 +230,8 @@ CHECKPOINT_KEY = "trainer_plugins"
 class PluginSetCheckpoint(Callback):
     """Stores in every checkpoint which plugin, at which version, supplied each role of the run.
 
-    Added to every ``lightning.Trainer`` through Lightning's ``lightning.pytorch.callbacks_factory``
-    entry point. The record sits under ``checkpoint["trainer_plugins"]`` (read it back with
+    Added to every ``lightning.Trainer`` built by the plugin-aware connectors
+    (:class:`TrainerDataConnector`). The record sits under ``checkpoint["trainer_plugins"]`` (read it back with
     ``torch.load(path)["trainer_plugins"]``): ``{"decisions": [Decision as dict, ...], "plugins":
     [{"name", "distribution", "version", "state"}, ...]}``. Nothing is stored when the Trainer does
     not use the plugin-aware connector.
@@ -238,11 +249,6 @@ class PluginSetCheckpoint(Callback):
                 for r in records
             ],
         }
-
-
-def checkpoint_callbacks() -> list[Callback]:
-    """The ``lightning.pytorch.callbacks_factory`` entry point: one :class:`PluginSetCheckpoint`."""
-    return [PluginSetCheckpoint()]
 
 
 def is_distributed(run: Any) -> bool:
