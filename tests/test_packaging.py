@@ -108,7 +108,7 @@ OUR_MODULES = ("trainer_plugins", "_trainer_plugins_autoload", "xla_plugins", "l
 
 
 def test_autoload_off_a_fit_imports_runs_and_prints_nothing_of_ours(tmp_path):
-    """With TRAINER_PLUGINS_AUTOLOAD=0 no module of ours is imported and no line of ours is written, checkpoint included."""
+    """TRAINER_PLUGINS_AUTOLOAD=0: no module of ours is imported, no line of ours written, no checkpoint record."""
     result = run_python(
         f"""
         import sys
