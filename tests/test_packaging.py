@@ -75,7 +75,30 @@ def test_the_installed_versions_are_within_the_declared_ranges():
     from trainer_plugins import unsupported_versions
 
     assert unsupported_versions("trainer-plugins") == []
-    assert unsupported_versions("xla-plugins", ["lightning", "torch", "torch_xla"]) == []
+    assert unsupported_versions("xla-plugins", ["lightning"]) == []
+
+
+def test_installing_xla_plugins_can_only_pair_torch_xla_with_the_torch_it_is_built_against():
+    """Every torch_xla the declared requirements allow (extras included) pairs with every torch they allow."""
+    from packaging.version import Version
+
+    from xla_plugins._runtime import TORCH_FOR_TORCH_XLA, version_mismatch
+
+    declared = [Requirement(line) for line in distribution("xla-plugins").requires or []]
+    by_name: dict[str, list[Requirement]] = {}
+    for requirement in declared:
+        by_name.setdefault(canonicalize_name(requirement.name), []).append(requirement)
+    candidates = ["2.7.0", "2.8.0", "2.8.1", "2.9.0", "2.9.1", "2.10.0", "2.11.0"]
+    (torch,) = by_name["torch"]
+    torches = [v for v in candidates if v in torch.specifier]
+    assert torches == ["2.9.0"]
+    assert {str(r.marker) for r in by_name["torch-xla"]} == {"None", 'extra == "tpu"'}
+    for torch_xla in by_name["torch-xla"]:
+        allowed = [v for v in candidates if v in torch_xla.specifier]
+        assert allowed == ["2.9.0", "2.9.1"]
+        assert all(version_mismatch(Version(x), Version(t)) is None for x in allowed for t in torches)
+    assert {tuple(sorted(r.extras)) for r in by_name["torch-xla"]} == {(), ("tpu",)}
+    assert TORCH_FOR_TORCH_XLA[(2, 9)] == "2.9.0"
 
 
 def test_versions_outside_a_declared_range_are_named_with_the_range(monkeypatch):

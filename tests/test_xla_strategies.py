@@ -148,12 +148,59 @@ def test_a_torch_that_does_not_match_torch_xla_is_refused_with_matching_versions
     from xla_plugins import _runtime
 
     monkeypatch.setattr(_runtime, "version", lambda name: "2.7.0" if name == "torch" else "2.9.0")
-    with pytest.raises(RuntimeError, match=r"torch_xla 2\.9\.0 needs torch 2\.9\.x, but torch 2\.7\.0 is installed"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"torch_xla 2\.9\.0 is built against torch 2\.9\.0, but torch 2\.7\.0 is installed;"
+        r" install the matching pair: pip install 'torch==2\.9\.0' 'torch_xla==2\.9\.0'",
+    ):
         _runtime._check_versions.__wrapped__(Version("2.9.0"))
     with pytest.raises(
         RuntimeError, match=r"torch_xla 2\.7\.0 is too old for the XLA plugin; it needs torch_xla>=2\.8"
     ):
         _runtime._check_versions.__wrapped__(Version("2.7.0"))
+
+
+@pytest.mark.parametrize(
+    ("torch_xla", "torch", "needed"),
+    [
+        ("2.9.0", "2.9.1", "2.9.0"),  # same minor, another release: torch_xla 2.9.0 is built against 2.9.0
+        ("2.9.0", "2.8.0", "2.9.0"),
+        ("2.8.1", "2.9.0", "2.8.0"),
+        ("2.8.1", "2.8.0", None),  # torch_xla 2.8.1 is built against torch 2.8.0
+        ("2.9.0", "2.9.0+cu128", None),  # a build tag is the same release
+        ("2.10.0", "2.10.2", None),  # an untested series: same major.minor is enough
+        ("2.10.0", "2.9.0", "2.10.*"),
+    ],
+)
+def test_a_torch_xla_torch_pair_matches_only_the_torch_release_torch_xla_is_built_against(torch_xla, torch, needed):
+    from packaging.version import Version
+
+    from xla_plugins._runtime import version_mismatch
+
+    message = version_mismatch(Version(torch_xla), Version(torch))
+    if needed is None:
+        assert message is None
+    else:
+        assert message == (
+            f"torch_xla {torch_xla} is built against torch {needed}, but torch {torch} is installed;"
+            f" install the matching pair: pip install 'torch=={needed}' 'torch_xla=={torch_xla}'"
+        )
+
+
+def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_fix(monkeypatch):
+    from xla_plugins import _runtime
+
+    monkeypatch.setattr(_runtime, "version", lambda name: {"torch": "2.9.1", "torch_xla": "2.9.0"}[name])
+    _runtime._check_versions.cache_clear()  # the real pair may have been checked (and cached) already
+    try:
+        info = _runtime.describe()
+    finally:
+        _runtime._check_versions.cache_clear()
+    assert info["torch"] == "2.9.1" and info["torch_xla"] == "2.9.0"
+    assert info["error"] == (
+        "RuntimeError: torch_xla 2.9.0 is built against torch 2.9.0, but torch 2.9.1 is installed;"
+        " install the matching pair: pip install 'torch==2.9.0' 'torch_xla==2.9.0'."
+    )
 
 
 def test_the_xrt_runtime_is_refused():

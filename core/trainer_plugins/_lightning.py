@@ -204,7 +204,7 @@ class TrainerDataConnector(_DataConnector):
 
     def on_trainer_init(self, *args: Any, **kwargs: Any) -> None:
         super().on_trainer_init(*args, **kwargs)
-        callbacks = self.trainer.callbacks
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined] # set by Lightning just before
         if not any(isinstance(callback, PluginSetCheckpoint) for callback in callbacks):
             callbacks.append(PluginSetCheckpoint())
 

@@ -70,27 +70,53 @@ def require_torch_xla() -> ModuleType:
     return torch_xla
 
 
+#: The torch release each supported torch_xla series is built against (torch_xla's release notes: one
+#: exact torch per torch_xla release; torch_xla 2.8.1 still pairs with torch 2.8.0). Installing
+#: xla-plugins pins the newest pair (its ``pyproject.toml``); older pairs run when installed together.
+TORCH_FOR_TORCH_XLA: dict[tuple[int, ...], str] = {(2, 8): "2.8.0", (2, 9): "2.9.0"}
+
+
+def version_mismatch(torch_xla: Version, torch: Version) -> str | None:
+    """Why ``torch`` cannot run with ``torch_xla``, with the command that fixes it; ``None`` if they pair.
+
+    A series in :data:`TORCH_FOR_TORCH_XLA` needs exactly its torch release (local build tags such as
+    ``+cu128`` aside); a newer, untested series needs at least the same ``major.minor`` release.
+    """
+    series = torch_xla.release[:2]
+    wanted = TORCH_FOR_TORCH_XLA.get(series)
+    if wanted is not None and Version(torch.base_version) != Version(wanted):
+        needed = wanted
+    elif wanted is None and torch.release[:2] != series:
+        needed = f"{series[0]}.{series[1]}.*"
+    else:
+        return None
+    return (
+        f"torch_xla {torch_xla} is built against torch {needed}, but torch {torch} is installed;"
+        f" install the matching pair: pip install 'torch=={needed}' 'torch_xla=={torch_xla}'"
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def _check_versions(installed: Version) -> None:
-    """Refuse a torch_xla too old for this plugin or built for another torch; warn outside the declared range.
+    """Refuse a torch_xla too old for this plugin or built for another torch; warn outside the tested range.
 
-    The supported ranges are xla-plugins' own declared dependencies (its ``pyproject.toml``).
+    Lightning's supported range is xla-plugins' own declared dependency (its ``pyproject.toml``);
+    torch and torch_xla must form a pair of :func:`version_mismatch`.
 
     Raises:
-        RuntimeError: torch_xla is older than :data:`MIN_TORCH_XLA`, or torch and torch_xla differ in
-            their minor version (torch_xla is built against one torch release).
+        RuntimeError: torch_xla is older than :data:`MIN_TORCH_XLA`, or it is built against another
+            torch release than the installed one (the message gives the ``pip install`` that fixes it).
     """
     from trainer_plugins import unsupported_versions
 
     if installed.release[:2] < MIN_TORCH_XLA.release[:2]:
         raise RuntimeError(f"torch_xla {installed} is too old for the XLA plugin; it needs torch_xla>={MIN_TORCH_XLA}.")
-    torch = Version(version("torch"))
-    if torch.release[:2] != installed.release[:2]:
-        raise RuntimeError(
-            f"torch_xla {installed} needs torch {installed.major}.{installed.minor}.x, but torch {torch} is installed:"
-            f" install matching versions, e.g. pip install 'torch=={installed.major}.{installed.minor}.*'."
-        )
-    for message in unsupported_versions("xla-plugins", ["torch", "torch_xla", "lightning"]):
+    mismatch = version_mismatch(installed, Version(version("torch")))
+    if mismatch is not None:
+        raise RuntimeError(mismatch + ".")
+    if installed.release[:2] not in TORCH_FOR_TORCH_XLA:
+        log.warning("torch_xla %s is newer than the XLA plugin was tested with; it may not work.", installed)
+    for message in unsupported_versions("xla-plugins", ["lightning"]):
         log.warning("%s; it may not work.", message)
 
 
@@ -230,7 +256,7 @@ def describe() -> dict[str, object]:
         "torch_xla": _version_or("torch_xla"),
         "PJRT_DEVICE": os.environ.get("PJRT_DEVICE") or "(unset: torch_xla picks a TPU if attached, else CPU)",
     }
-    for number, problem in enumerate(unsupported_versions("xla-plugins"), start=1):
+    for number, problem in enumerate(unsupported_versions("xla-plugins", ["lightning"]), start=1):
         info[f"unsupported version {number}"] = problem
     try:
         info["runtime"] = "PJRT" if require_torch_xla() is not None else "?"
