@@ -211,3 +211,33 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
         "The one-worker-per-device strategy XLAStrategy would hang in its first collective on PJRT CPU"
     )
     assert "Use strategy='xla_spmd'" in message
+
+
+def test_only_the_documented_test_switch_lifts_the_cpu_refusal_of_the_spawn_strategy():
+    """The product never detects the harness: replaced collectives change nothing, XLA_PLUGINS_TEST_CPU_SPAWN=1 does."""
+    result = run_python(
+        """
+        import os
+        import lightning as L
+        import torch_xla.core.xla_model as xm
+
+        def build(strategy):
+            try:
+                return type(L.Trainer(accelerator="xla", devices=2, strategy=strategy, logger=False).strategy).__name__
+            except NotImplementedError:
+                return "refused"
+
+        xm.all_reduce = lambda *args, **kwargs: None  # what a harness would do; the product must not look
+        print(build("xla"), build("auto"))
+        os.environ["XLA_PLUGINS_TEST_CPU_SPAWN"] = "yes"  # only "1" is the switch
+        print(build("xla"), build("auto"))
+        os.environ["XLA_PLUGINS_TEST_CPU_SPAWN"] = "1"
+        print(build("xla"), build("auto"))
+        """,
+        env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2", "XLA_PLUGINS_TEST_CPU_SPAWN": None},
+    )
+    assert result.stdout.splitlines()[-3:] == [
+        "refused XLASPMDStrategy",
+        "refused XLASPMDStrategy",
+        "XLAStrategy XLAStrategy",
+    ]

@@ -30,6 +30,7 @@ forked workers inherit it. Not covered: ``all_to_all``, send/recv, collective pe
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Optional
 
@@ -178,9 +179,15 @@ def _initialize_worker(local_rank: int, local_world_size: int) -> None:
 
 
 def install() -> None:
-    """Replace the collectives, the step marker and the worker initializer (idempotent)."""
+    """Replace the collectives, the step marker and the worker initializer (idempotent).
+
+    Also sets the product's documented test switch ``XLA_PLUGINS_TEST_CPU_SPAWN=1``, which lifts its
+    refusal of the one-worker-per-device strategy on PJRT CPU (the product never looks for this
+    harness itself).
+    """
     global _installed
     with _install_lock:
+        os.environ["XLA_PLUGINS_TEST_CPU_SPAWN"] = "1"
         if _installed:
             return
         xm.all_reduce = all_reduce
