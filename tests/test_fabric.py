@@ -21,21 +21,24 @@ from torch import nn  # noqa: E402
 SCRIPT = Path(__file__).parent / "scripts" / "fabric_digits.py"
 
 
-def fabric_run(strategy: str, devices: int, precision: str) -> list[dict]:
+def fabric_run(strategy: str, devices: int, precision: str, out: Path) -> list[dict]:
+    """Run the script; each rank's report (one file per rank: replica threads share one stdout)."""
     from xla_cpu_harness import required_environment
 
     env = {**os.environ, **required_environment(devices)}
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--strategy", strategy, "--devices", str(devices), "--precision", precision],
+        [
+            sys.executable,
+            str(SCRIPT),
+            *("--strategy", strategy, "--devices", str(devices), "--precision", precision, "--out", str(out)),
+        ],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    return sorted(
-        (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
-    )
+    return sorted((json.loads(path.read_text()) for path in out.glob("rank*.json")), key=lambda r: r["rank"])
 
 
 @pytest.mark.parametrize(
@@ -46,8 +49,10 @@ def fabric_run(strategy: str, devices: int, precision: str) -> list[dict]:
         ("xla", 2, "32-true", "xla.FabricXLAStrategy", 2, "torch.float32"),  # with tests/xla_cpu_harness.py
     ],
 )
-def test_a_fabric_loop_trains_the_digits_classifier(strategy, devices, precision, expected_class, world_size, dtype):
-    reports = fabric_run(strategy, devices, precision)
+def test_a_fabric_loop_trains_the_digits_classifier(
+    strategy, devices, precision, expected_class, world_size, dtype, tmp_path
+):
+    reports = fabric_run(strategy, devices, precision, tmp_path)
     assert [report["rank"] for report in reports] == list(range(world_size))
     for report in reports:
         assert report["strategy"] == f"xla_plugins.strategies.{expected_class}"

@@ -1,7 +1,9 @@
 """A plain Fabric training loop on scikit-learn's digits, on N PJRT CPU devices, for tests/test_fabric.py.
 
-Prints one JSON line per rank: the classes Fabric got, the parameter dtype, the world size and the
-test accuracy (correct predictions summed over ranks with ``fabric.all_reduce``).
+Each rank writes its own report, ``<out>/rank<N>.json``: the classes Fabric got, the parameter dtype,
+the world size and the test accuracy (correct predictions summed over ranks with ``fabric.all_reduce``).
+One file per rank, not lines on a shared stdout: ranks of one worker process are threads, and their
+``print`` calls interleave (the text and its newline are separate writes).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def datasets() -> tuple[TensorDataset, TensorDataset]:
     return as_tensors(x_train, y_train), as_tensors(x_test, y_test)
 
 
-def train(fabric: L.Fabric, epochs: int) -> None:
+def train(fabric: L.Fabric, epochs: int, out: str) -> None:
     fabric.seed_everything(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -59,7 +61,8 @@ def train(fabric: L.Fabric, epochs: int) -> None:
         "dtype": str(next(model.parameters()).dtype),
         "accuracy": total.item() / len(test_set),
     }
-    print(json.dumps(report), flush=True)
+    with open(os.path.join(out, f"rank{fabric.global_rank}.json"), "w") as file:
+        json.dump(report, file)
 
 
 if __name__ == "__main__":
@@ -68,6 +71,7 @@ if __name__ == "__main__":
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--out", required=True, help="folder for the per-rank reports")
     args = parser.parse_args()
     if args.strategy == "xla":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,4 +79,4 @@ if __name__ == "__main__":
 
         xla_cpu_harness.install()
     fabric = L.Fabric(accelerator="tpu", devices=args.devices, strategy=args.strategy, precision=args.precision)
-    fabric.launch(train, args.epochs)
+    fabric.launch(train, args.epochs, args.out)
