@@ -52,6 +52,26 @@ class SaysNotDistributed(HalfOfTwoReplicas):
     is_distributed = False
 
 
+class MethodSaysNotDistributed(HalfOfTwoReplicas):
+    def is_distributed(self) -> bool:  # a method, not a property: called, never read as a truthy bound method
+        return False
+
+
+class MethodSaysDistributed(HalfOfTwoReplicas):
+    def is_distributed(self) -> bool:
+        return True
+
+
+class PropertyRaisesAttributeError(HalfOfTwoReplicas):
+    @property
+    def is_distributed(self) -> bool:
+        return self.cluster_environment.no_such_attribute  # a bug in the strategy, not "no attribute"
+
+
+class SaysMaybe(HalfOfTwoReplicas):
+    is_distributed = "maybe"
+
+
 class CountingModel(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
@@ -96,6 +116,28 @@ def test_a_custom_strategy_without_the_attribute_or_saying_false_gets_no_sampler
     assert trainer._accelerator_connector.is_distributed is False
     assert not isinstance(trainer.train_dataloader.sampler, DistributedSampler)
     assert sorted(model.indices) == list(range(8))
+
+
+def test_an_is_distributed_method_is_called():
+    trainer, model = fit(MethodSaysNotDistributed())
+    assert trainer._accelerator_connector.is_distributed is False
+    assert not isinstance(trainer.train_dataloader.sampler, DistributedSampler)
+    assert sorted(model.indices) == list(range(8))
+    trainer, model = fit(MethodSaysDistributed())
+    assert trainer._accelerator_connector.is_distributed is True
+    assert len(model.indices) == 4
+
+
+def test_an_is_distributed_property_raising_attribute_error_propagates_naming_the_class():
+    with pytest.raises(AttributeError, match="no_such_attribute") as info:
+        L.Trainer(accelerator="cpu", strategy=PropertyRaisesAttributeError(), logger=False)
+    if hasattr(info.value, "__notes__"):  # Python >= 3.11
+        assert "PropertyRaisesAttributeError.is_distributed" in info.value.__notes__[0]
+
+
+def test_an_is_distributed_answer_that_is_not_a_bool_is_an_error_naming_the_class():
+    with pytest.raises(TypeError, match=r"SaysMaybe\.is_distributed must be a bool .* got 'maybe'"):
+        L.Trainer(accelerator="cpu", strategy=SaysMaybe(), logger=False)
 
 
 def test_a_strategy_a_plugin_declares_distributed_is_whitelisted_without_the_attribute(extra_plugins):

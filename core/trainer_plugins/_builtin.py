@@ -81,6 +81,11 @@ STRATEGIES = (
 )
 
 #: Lightning's whitelist of distributed strategy classes (its connector's ``is_distributed``).
+#: The connector's rule (``Connector.is_distributed``): an instance of one of these, or of a strategy
+#: a plugin declared ``distributed=True``, is distributed; otherwise the strategy's own
+#: ``is_distributed`` answers (a property or value is read, a method is called, the answer must be a
+#: ``bool``, and an exception it raises, ``AttributeError`` included, propagates); otherwise ``False``.
+#: docs/migration-is-distributed.md states the same rule for users.
 DISTRIBUTED_STRATEGIES = {
     api: tuple(
         f"{root}.strategies:{cls}"

@@ -7,6 +7,7 @@ is recorded as a :class:`Decision`, so a run can explain where each role came fr
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass
 from pkgutil import resolve_name
 from typing import Any, Optional, Union
@@ -376,21 +377,70 @@ class Connector:
 
         1. ``True`` if ``strategy`` is an instance of a whitelisted class
            (:meth:`distributed_strategies`);
-        2. else the value of ``strategy.is_distributed`` if the attribute exists (custom strategies);
+        2. else, if the strategy has an ``is_distributed`` attribute (custom strategies), its answer:
+           see :func:`own_is_distributed` (a property or plain value is read, a method is called);
         3. else ``False``.
+
+        Raises:
+            TypeError: the strategy's own answer is not a ``bool`` (the message names its class).
+            Exception: whatever reading or calling the strategy's ``is_distributed`` raised,
+                ``AttributeError`` included; it is never taken to mean "not distributed".
         """
         if isinstance(strategy, self.distributed_strategies()):
             return True
-        if hasattr(strategy, "is_distributed"):
-            return bool(strategy.is_distributed)
-        return False
+        answer = own_is_distributed(strategy)
+        return False if answer is None else answer
 
     def explain_is_distributed(self, strategy: Any) -> None:
         """Record the ``is_distributed`` answer and which rule gave it."""
         if isinstance(strategy, self.distributed_strategies()):
-            rule = "whitelisted distributed strategy"
-        elif hasattr(strategy, "is_distributed"):
-            rule = "the strategy's own is_distributed attribute"
+            answer, rule = True, "whitelisted distributed strategy"
+        elif (own := own_is_distributed(strategy)) is not None:
+            answer, rule = own, "the strategy's own is_distributed attribute"
         else:
-            rule = "not whitelisted and no is_distributed attribute"
-        self.note("is_distributed", repr(self.is_distributed(strategy)), "trainer-plugins", rule)
+            answer, rule = False, "not whitelisted and no is_distributed attribute"
+        self.note("is_distributed", repr(answer), "trainer-plugins", rule)
+
+
+def own_is_distributed(strategy: Any) -> Optional[bool]:
+    """A strategy's own ``is_distributed`` answer, or ``None`` if it has no such attribute (rule 2).
+
+    * a property or plain attribute: its value;
+    * a method (any callable value): called without arguments, its result is the answer, so
+      ``def is_distributed(self): return False`` means ``False`` (a bound method is always truthy and
+      would otherwise read as ``True``).
+
+    The answer must be a ``bool``. The attribute counts as absent only when the class and the instance
+    do not define it at all: a property that raises (``AttributeError`` included) is a fault of the
+    strategy and propagates, with a note naming the class.
+
+    Raises:
+        TypeError: the answer is not a ``bool``.
+        Exception: what the property or the method raised.
+    """
+    name = f"{type(strategy).__module__}.{type(strategy).__qualname__}.is_distributed"
+    try:
+        answer = strategy.is_distributed
+        if callable(answer):
+            answer = answer()
+    except AttributeError as error:
+        if inspect.getattr_static(strategy, "is_distributed", _ABSENT) is _ABSENT:
+            return None  # no such attribute anywhere: rule 3
+        _add_note(error, f"raised while trainer-plugins read {name}")
+        raise
+    except Exception as error:
+        _add_note(error, f"raised while trainer-plugins read {name}")
+        raise
+    if not isinstance(answer, bool):
+        raise TypeError(
+            f"{name} must be a bool (or a method returning one) saying whether the run is distributed, got {answer!r}."
+        )
+    return answer
+
+
+_ABSENT = object()
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):  # Python >= 3.11
+        error.add_note(note)
