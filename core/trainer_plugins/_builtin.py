@@ -105,6 +105,11 @@ PRECISIONS = (
         precisions=("16-mixed", "bf16-mixed"),
     ),
     PrecisionEntry("xla", **_both("plugins.precision", "XLAPrecision"), precisions=("32-true", "16-true", "bf16-true")),
+    PrecisionEntry(
+        "transformer_engine",
+        **_both("plugins.precision", "TransformerEnginePrecision"),
+        precisions=("transformer-engine", "transformer-engine-float16"),
+    ),
 )
 
 _ENV = "lightning.fabric.plugins.environments"
