@@ -16,7 +16,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 #: Whether torch_xla is installed (absent in the core-only tox environment).
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
-PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
+PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,13 +41,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _no_precision_variable_leaks():
-    """Every test must leave no XLA_USE_* variable behind (SPEC: nothing leaks from run to run)."""
+    """Every test leaves the precision variables as it found them: none set, none removed (issues 9 and 10)."""
     before = {name: os.environ.get(name) for name in PRECISION_VARIABLES}
     yield
-    leaked = {name: os.environ[name] for name in PRECISION_VARIABLES if name in os.environ and before[name] is None}
-    for name in leaked:
-        del os.environ[name]
-    assert not leaked, f"test leaked {leaked}"
+    after = {name: os.environ.get(name) for name in PRECISION_VARIABLES}
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    assert after == before, f"test changed the precision variables: {before} -> {after}"
 
 
 def run_python(

@@ -1,4 +1,4 @@
-"""Fits on PJRT CPU in each XLA precision: real dtypes, and XLA_USE_* scoped to the run."""
+"""Fits on PJRT CPU in each XLA precision: real dtypes; no XLA_USE_* variable set, a user's own left as found."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ pytestmark = pytest.mark.xla
 
 torch = pytest.importorskip("torch")
 L = pytest.importorskip("lightning")
+from conftest import run_python  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
+VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
 
 class Recorder(L.LightningModule):
@@ -68,37 +69,105 @@ def fit(precision: str, model: Recorder) -> L.Trainer:
 
 
 @pytest.mark.parametrize(
-    ("precision", "dtype", "variable"),
-    [
-        ("32-true", torch.float32, None),
-        ("16-true", torch.float16, "XLA_USE_F16"),
-        ("bf16-true", torch.bfloat16, "XLA_USE_BF16"),
-    ],
+    ("precision", "dtype"), [("32-true", torch.float32), ("16-true", torch.float16), ("bf16-true", torch.bfloat16)]
 )
-def test_fit_runs_in_the_requested_dtype_with_the_variable_set_only_during_fit(precision, dtype, variable):
+def test_fit_runs_in_the_requested_dtype_without_setting_a_precision_variable(precision, dtype):
+    """torch_xla >= 2.6 deprecates XLA_USE_BF16 and never reads XLA_USE_F16: the dtype conversion does the work."""
     model = Recorder()
     trainer = fit(precision, model)
 
     assert type(trainer.precision_plugin).__module__ == "xla_plugins.precision"
     assert len(model.seen) == 3
-    expected_variables = {name: ("1" if name == variable else None) for name in VARIABLES}
     for step in model.seen:
         assert step == {
             "parameter": (dtype, "xla"),
             "input": dtype,
             "activation": dtype,
-            "variables": expected_variables,
+            "variables": {name: None for name in VARIABLES},
         }
-    assert not {name for name in VARIABLES if name in os.environ}
 
 
-@pytest.mark.parametrize("precision", ["16-true", "bf16-true"])
-def test_the_variable_is_removed_after_a_fit_that_raises(precision):
+def test_a_pallas_kernel_module_imported_during_a_bf16_run_sees_no_xla_use_bf16():
+    """torch_xla's Pallas kernels raise "Pallas kernel does not support XLA_USE_BF16" when it was set at import."""
+    result = run_python(
+        """
+        import os, subprocess, sys
+        import lightning as L, torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class ImportsAKernel(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(4, 2)
+
+            def training_step(self, batch, batch_idx):
+                import torch_xla.experimental.custom_kernel as kernels  # flash attention's module
+                child = subprocess.run(
+                    [sys.executable, "-c", "import os; print(os.environ.get('XLA_USE_BF16'))"],
+                    capture_output=True, text=True,
+                )
+                print("kernel flag:", kernels._XLA_USE_BF16, "child:", child.stdout.strip(), self.layer.weight.dtype)
+                return self.layer(batch[0]).float().sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        trainer = L.Trainer(accelerator="xla", devices=1, precision="bf16-true", max_steps=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(ImportsAKernel(), DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=4))
+        """,
+        env={name: None for name in VARIABLES},
+    )
+    assert "kernel flag: False child: None torch.bfloat16" in result.stdout
+
+
+def test_a_users_own_precision_variables_are_left_as_found_with_one_warning_each():
+    """A user's XLA_USE_BF16 / XLA_DOWNCAST_BF16 change a '32-true' run's math: warned once, never deleted."""
+    result = run_python(
+        """
+        import os, warnings
+        import lightning as L, torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Model(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(4, 2)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # two runs, one warning per variable
+                trainer = L.Trainer(accelerator="xla", devices=1, precision="32-true", max_steps=1, logger=False,
+                                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=4))
+        for warning in caught:
+            if "torch_xla then computes float32 tensors in bfloat16" in str(warning.message):
+                print("warned:", str(warning.message).split(":")[0])
+        print("after:", os.environ.get("XLA_USE_BF16"), os.environ.get("XLA_DOWNCAST_BF16"))
+        """,
+        env={"XLA_USE_BF16": "1", "XLA_DOWNCAST_BF16": "1"},
+    )
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("warned:")] == [
+        "warned: The environment sets XLA_USE_BF16=1",
+        "warned: The environment sets XLA_DOWNCAST_BF16=1",
+    ]
+    assert "after: 1 1" in lines
+
+
+def test_a_failed_fit_leaves_the_environment_as_found():
     model = Recorder(fail_at_step=1)
     with pytest.raises(RuntimeError, match="failure injected"):
-        fit(precision, model)
-    assert len(model.seen) == 1 and any(model.seen[0]["variables"].values())
-    assert not {name for name in VARIABLES if name in os.environ}
+        fit("bf16-true", model)
+    assert len(model.seen) == 1 and not any(model.seen[0]["variables"].values())
 
 
 def test_no_variable_is_set_by_building_the_precision_plugin():

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.precision.utils import _convert_fp_tensor
 from lightning.fabric.plugins.precision.xla import XLAPrecision as _LightningFabricXLAPrecision
-from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
+from lightning.fabric.utilities.rank_zero import rank_zero_deprecation, rank_zero_warn
 from lightning.fabric.utilities.types import Optimizable
 from lightning.pytorch.plugins.precision.xla import XLAPrecision as _LightningXLAPrecision
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -25,14 +24,16 @@ from typing_extensions import override
 
 from xla_plugins import _runtime
 
-#: Precision string -> (dtype of parameters and activations, variable set while active).
-PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
-    "32-true": (torch.float32, None),
-    "16-true": (torch.float16, "XLA_USE_F16"),
-    "bf16-true": (torch.bfloat16, "XLA_USE_BF16"),
+#: Precision string -> dtype of parameters and activations.
+PRECISIONS: dict[str, torch.dtype] = {
+    "32-true": torch.float32,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
 }
-#: Every variable any precision sets; ``teardown()`` removes all of them.
-PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16")
+#: torch_xla's environment variables that change the dtypes a run computes in. ``XLA_USE_BF16``
+#: makes every float32 tensor bfloat16 on the device; ``XLA_DOWNCAST_BF16`` keeps float32 tensors but
+#: computes them in bfloat16. torch_xla >= 2.6 deprecates both. This plugin never sets nor removes them.
+USER_PRECISION_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 #: Lightning's spellings of "32-true" that mean exactly the same thing.
 _ALIASES: dict[Any, str] = {32: "32-true", "32": "32-true"}
 
@@ -85,29 +86,44 @@ class _SharedDefaultDtype:
                 torch.set_default_dtype(_SharedDefaultDtype._saved)
 
 
-#: The precision plugin that last set an ``XLA_USE_*`` variable (a weak reference).
-_variable_owner: Optional[weakref.ref] = None
+_warned_variables: set[str] = set()
+_warned_lock = threading.Lock()
 
 
-def _clear_variables(owner: Optional[weakref.ref] = None) -> None:
-    """Remove every ``XLA_USE_*`` variable (only if ``owner`` still owns them, when given)."""
-    global _variable_owner
-    if owner is not None and owner is not _variable_owner:
-        return
-    _variable_owner = None
-    for variable in PRECISION_VARIABLES:
-        os.environ.pop(variable, None)
+def warn_about_user_precision_variables() -> list[str]:
+    """Warn once per process for each of :data:`USER_PRECISION_VARIABLES` set in the environment.
+
+    Such a variable comes from the user's environment (this plugin never sets one): torch_xla reads
+    it when its runtime starts and then computes float32 tensors in bfloat16, so a ``"32-true"``
+    run's math changes silently, and torch_xla's Pallas kernels refuse to run under ``XLA_USE_BF16``.
+    The variable is left as it was found. Returns the names of the variables set (``"0"`` and empty
+    values count as unset).
+    """
+    found = [name for name in USER_PRECISION_VARIABLES if os.environ.get(name, "0").strip() not in ("", "0")]
+    for name in found:
+        with _warned_lock:
+            if name in _warned_variables:
+                continue
+            _warned_variables.add(name)
+        rank_zero_warn(
+            f"The environment sets {name}={os.environ[name]}: torch_xla then computes float32 tensors in bfloat16,"
+            " whatever `precision` says (a '32-true' run does not compute in float32), and deprecates the variable"
+            f" since 2.6. xla-plugins leaves it as it is; unset {name} and choose precision='bf16-true' for bfloat16."
+        )
+    return found
 
 
 class _XLAPrecisionBehaviour:
-    """What the Trainer and Fabric flavours share: dtype handling and the ``XLA_USE_*`` lifecycle.
+    """What the Trainer and Fabric flavours share: dtype handling, and no precision variable.
 
     The module, the tensors created in it and floating-point inputs are converted to the dtype of
-    the precision, so training really runs in it on every torch_xla version. The legacy variable
-    (``XLA_USE_F16``/``XLA_USE_BF16``) is also set from the moment the module is converted until
-    :meth:`teardown`, or until the plugin is garbage-collected (Fabric has no end-of-run hook). The
-    runtime is started before the variable is set: torch_xla reads the variable only then, so it
-    never changes the dtypes that run (and torch_xla >= 2.6 prints no deprecation notice for it).
+    the precision, so training really runs in it. Unlike Lightning's own ``XLAPrecision``, which
+    sets ``XLA_USE_F16=1``/``XLA_USE_BF16=1`` when built and deletes both at teardown (a user's
+    own variable included), this plugin sets no variable: every torch_xla it supports (>= 2.8)
+    deprecates ``XLA_USE_BF16`` and never reads ``XLA_USE_F16``, the dtype conversion does the work,
+    and a set ``XLA_USE_BF16`` would be inherited by child processes and make torch_xla's Pallas
+    kernels (``torch_xla.experimental.custom_kernel``) refuse to run. A user's own precision
+    variables are left as they were found, with a warning (:func:`warn_about_user_precision_variables`).
     """
 
     precision: str
@@ -116,23 +132,11 @@ class _XLAPrecisionBehaviour:
     def __init__(self, precision: Any = "32-true") -> None:
         _runtime.require_torch_xla()
         self.precision = check_precision(precision)
-        self._desired_dtype = PRECISIONS[self.precision][0]
-
-    def _activate(self) -> None:
-        """Start the runtime, clear any variable another run left, and set this precision's."""
-        global _variable_owner
-        import torch_xla
-
-        torch.zeros(1, device=torch_xla.device())  # the runtime reads XLA_USE_* once, at its first tensor
-        _clear_variables()
-        variable = PRECISIONS[self.precision][1]
-        if variable is not None:
-            os.environ[variable] = "1"
-            _variable_owner = weakref.ref(self, _clear_variables)
+        self._desired_dtype = PRECISIONS[self.precision]
+        warn_about_user_precision_variables()
 
     def convert_module(self, module: Module) -> Module:
-        """Activate the precision and cast ``module``'s parameters and buffers to its dtype."""
-        self._activate()
+        """Cast ``module``'s parameters and buffers to the precision's dtype."""
         return module if self._desired_dtype == torch.float32 else module.to(dtype=self._desired_dtype)
 
     def tensor_init_context(self) -> AbstractContextManager:
@@ -156,15 +160,14 @@ class _XLAPrecisionBehaviour:
         return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.float32)
 
     def teardown(self) -> None:
-        """Remove every ``XLA_USE_*`` variable a precision may have set."""
-        _clear_variables()
+        """Nothing to undo: no environment variable was set (a user's own are left as they are)."""
 
 
 class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):  # type: ignore[misc]
     """Precision plugin of ``lightning.Trainer`` on XLA: ``"32-true"``, ``"16-true"``, ``"bf16-true"``.
 
-    Subclasses Lightning's ``XLAPrecision`` (which Lightning's XLA strategies require) but sets the
-    ``XLA_USE_*`` variable only while a run is active, not at construction.
+    Subclasses Lightning's ``XLAPrecision`` (which Lightning's XLA strategies require) but sets no
+    ``XLA_USE_*`` variable and leaves the user's as they are (see ``_XLAPrecisionBehaviour``).
 
     Args:
         precision: see :func:`check_precision`.
@@ -204,9 +207,7 @@ class FabricXLAPrecision(_XLAPrecisionBehaviour, _LightningFabricXLAPrecision): 
 
     Its optimizer step is Lightning's: ``xm.optimizer_step(optimizer, barrier=True)``, which reduces
     the gradients across replicas, steps, and syncs the graph right away (better for performance).
-    Fabric has no end-of-run hook: the ``XLA_USE_*`` variable stays set until
-    ``fabric.strategy.teardown()``, until the plugin is garbage-collected (with its Fabric), or until
-    another XLA precision plugin starts a run, which first clears every ``XLA_USE_*`` variable.
+    As the Trainer's, it sets no ``XLA_USE_*`` variable.
 
     Raises:
         ValueError: unsupported precision (see :func:`check_precision`).
