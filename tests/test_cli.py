@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from importlib.metadata import version
 
 import pytest
-from conftest import HAS_TORCH_XLA
+from conftest import HAS_TORCH_XLA, run_python
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,6 +64,86 @@ def test_doctor_describes_the_xla_runtime():
         "device count": 4,
     }
     assert backends[f"lightning (lightning {version('lightning')})"]["lightning"] == version("lightning")
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """``trainer-plugins ARGS`` in this process: (exit status, stdout, stderr)."""
+    from trainer_plugins._cli import main
+
+    try:
+        status = main(list(args))
+    except SystemExit as exit:  # argparse: --help, usage errors
+        status = int(exit.code or 0)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
+@pytest.mark.parametrize("command", [["list"], ["doctor"], ["explain", "--accelerator", "cpu", "--devices", "1"]])
+def test_json_is_accepted_before_and_after_every_subcommand(capsys, command, before):
+    args = ["--json", *command] if before else [*command, "--json"]
+    status, out, err = run_main(capsys, *args)
+    assert status == 0, err
+    assert json.loads(out)  # stdout is JSON only, whatever the order: a listing, a report, decisions
+
+
+def test_json_given_twice_or_not_at_all(capsys):
+    assert json.loads(run_main(capsys, "--json", "list", "--json")[1])["plugins"]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(run_main(capsys, "list")[1])
+
+
+@pytest.mark.parametrize("command", ["list", "doctor", "explain"])
+def test_every_option_has_help_text(capsys, command):
+    from trainer_plugins._cli import _parser
+
+    parser = _parser()
+    subparser = next(action for action in parser._subparsers._group_actions).choices[command]
+    for action in [*parser._actions, *subparser._actions]:
+        assert action.help, f"{command}: {action.option_strings or action.dest} has no help text"
+    status, out, _ = run_main(capsys, command, "--help")
+    assert status == 0 and "--json" in out
+
+
+def test_list_ends_with_a_legend_of_every_state_and_mark_word():
+    from trainer_plugins._cli import MARK_LEGEND, STATE_LEGEND
+
+    lines = cli("list").stdout.splitlines()
+    start = lines.index("states:")
+    legend = lines[start:]
+    assert legend == [
+        "states:",
+        *(f"    {word}: {meaning}" for word, meaning in STATE_LEGEND.items()),
+        "marks:",
+        *(f"    ({word}): {meaning}" for word, meaning in MARK_LEGEND.items()),
+    ]
+    assert set(STATE_LEGEND) == {"loaded", "quarantined", "blocked"}
+    for line in lines[:start]:  # every state and mark word shown above is explained
+        if line and not line.startswith(" ") and line != "conflicts:":
+            assert line.split("]  ")[1].split(" (")[0] in STATE_LEGEND, line
+        for mark in ("(deprecated", "(not active", ", not active"):
+            if mark in line:
+                assert mark.strip("(, ") in MARK_LEGEND
+
+
+@pytest.mark.parametrize("args", [["doctor"], ["explain", "--accelerator", "cpu", "--devices", "1"]])
+def test_doctor_and_explain_report_their_time_and_import_no_backend_they_do_not_need(args):
+    # Blocking the XLA plugin leaves only Lightning to answer: nothing may import torch_xla then
+    # (its import and runtime start dominate the command's time; benchmarks/cli.py has the figures).
+    code = f"""
+        import sys
+        from trainer_plugins._cli import main
+        status = main({args!r})
+        print("torch_xla imported:", "torch_xla" in sys.modules)
+        sys.exit(status)
+    """
+    result = run_python(code, env={"TRAINER_PLUGINS_BLOCK": "xla"})
+    *_, took, imported = result.stdout.splitlines()
+    assert re.fullmatch(r"took \d+\.\d\d s", took), result.stdout
+    assert imported == "torch_xla imported: False"
+    json_result = cli("--json", *args, env={"TRAINER_PLUGINS_BLOCK": "xla"})
+    assert json.loads(json_result.stdout)
+    assert re.fullmatch(r"took \d+\.\d\d s\n", json_result.stderr)  # stdout stays pure JSON
 
 
 def test_usage_errors_exit_with_status_2():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -44,6 +45,18 @@ def plugin_listing(catalog: Catalog) -> dict[str, Any]:
     return {"plugins": plugins, "conflicts": [conflict.describe() for conflict in catalog.conflicts]}
 
 
+#: What each plugin state and name mark printed by ``list`` means (printed as its legend).
+STATE_LEGEND = {
+    "loaded": "its hooks are in use",
+    "quarantined": "set aside after an error (the reason follows); its names are unusable",
+    "blocked": "switched off by TRAINER_PLUGINS_BLOCK / TRAINER_PLUGINS_ALLOW (docs/controls.md)",
+}
+MARK_LEGEND = {
+    "deprecated": "an old name: selecting it warns and names the new one",
+    "not active": "another plugin holds this name (see conflicts)",
+}
+
+
 def _print_listing(listing: dict[str, Any]) -> None:
     for plugin in listing["plugins"]:
         origin = f"{plugin['distribution']} {plugin['version']}" if plugin["distribution"] else "registered from code"
@@ -61,6 +74,12 @@ def _print_listing(listing: dict[str, Any]) -> None:
         print("conflicts:")
         for line in listing["conflicts"]:
             print(f"    {line}")
+    print("states:")
+    for word, meaning in STATE_LEGEND.items():
+        print(f"    {word}: {meaning}")
+    print("marks:")
+    for word, meaning in MARK_LEGEND.items():
+        print(f"    ({word}): {meaning}")
 
 
 def _doctor(catalog: Catalog) -> dict[str, Any]:
@@ -83,27 +102,64 @@ def _explain(args: argparse.Namespace) -> Any:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # `--json` is accepted before and after the subcommand: the subcommands' copy defaults to
+    # SUPPRESS so that it does not overwrite a `--json` given before the subcommand.
+    json_help = "print JSON instead of text (accepted before or after the subcommand)"
     parser = argparse.ArgumentParser(prog="trainer-plugins", description="Inspect trainer-plugins plugins.")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="every discovered plugin, its state and the names it provides")
-    commands.add_parser("doctor", help="the environment of each backend (may start device runtimes)")
-    explain = commands.add_parser("explain", help="which plugin supplies each role for the given flags, and why")
-    explain.add_argument("--api", choices=("trainer", "fabric"), default="trainer")
-    explain.add_argument("--accelerator", default="auto")
-    explain.add_argument("--devices", default="auto")
-    explain.add_argument("--strategy", default="auto")
-    explain.add_argument("--num-nodes", type=int, default=1)
-    explain.add_argument("--precision", default=None)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{list,doctor,explain}", help="what to show (each takes --help)"
+    )
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[after], help=text, description=text)
+
+    command("list", "every discovered plugin, its state and the names it provides; imports no backend runtime")
+    command("doctor", "the environment of each backend: versions, devices (may start device runtimes)")
+    explain = command("explain", "which plugin supplies each role for the given flags, and why")
+    explain.add_argument(
+        "--api",
+        choices=("trainer", "fabric"),
+        default="trainer",
+        help="resolve as lightning.Trainer or lightning.Fabric would (default: %(default)s)",
+    )
+    explain.add_argument(
+        "--accelerator",
+        default="auto",
+        help="as Trainer(accelerator=...): 'auto', 'cpu', 'tpu', a plugin's name, ... (default: %(default)s)",
+    )
+    explain.add_argument(
+        "--devices",
+        default="auto",
+        help="as Trainer(devices=...): 'auto', a count or a list such as '0,' (default: %(default)s)",
+    )
+    explain.add_argument("--strategy", default="auto", help="as Trainer(strategy=...) (default: %(default)s)")
+    explain.add_argument("--num-nodes", type=int, default=1, help="as Trainer(num_nodes=...) (default: %(default)s)")
+    explain.add_argument(
+        "--precision",
+        default=None,
+        help="as Trainer(precision=...), e.g. 'bf16-true' (default: the accelerator's default)",
+    )
     return parser
+
+
+def _took(started: float, as_json: bool) -> None:
+    """Report the command's run time: on stdout after text, on stderr after JSON (keeps stdout pure JSON)."""
+    print(f"took {time.perf_counter() - started:.2f} s", file=sys.stderr if as_json else sys.stdout)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``trainer-plugins`` command; returns the exit status.
 
+    ``doctor`` and ``explain`` end by reporting how long they took (``took <seconds> s``; on stderr
+    with ``--json``).
+
     Exit status: 0 on success, 1 when ``explain`` rejects the flags (the error is printed to
     stderr), 2 on a usage error (argparse).
     """
+    started = time.perf_counter()
     args = _parser().parse_args(argv)
     if args.command == "explain":
         try:
@@ -112,6 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
             return 1
         print(json.dumps(explanation.as_dicts(), indent=2) if args.json else explanation)
+        _took(started, args.json)
         return 0
     catalog = get_catalog()
     if args.command == "list":
@@ -124,13 +181,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = _doctor(catalog)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 0
-    for backend, info in report["backends"].items():
-        print(backend)
-        for key, value in info.items():
-            print(f"    {key}: {value}")
-    for label, reason in report["quarantined"].items():
-        print(f"{label}\n    quarantined: {reason}")
+    else:
+        for backend, info in report["backends"].items():
+            print(backend)
+            for key, value in info.items():
+                print(f"    {key}: {value}")
+        for label, reason in report["quarantined"].items():
+            print(f"{label}\n    quarantined: {reason}")
+    _took(started, args.json)
     return 0
 
 
