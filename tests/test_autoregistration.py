@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from importlib.metadata import version
 
 import pytest
 from conftest import run_python
@@ -62,13 +64,30 @@ def test_with_autoload_off_lightning_is_untouched_until_install_is_called():
     assert "after install: xla_plugins.accelerator" in lines
 
 
-def test_the_trainer_logs_which_plugin_supplied_each_role_at_start_up(caplog):
-    import logging
-
+def _startup_lines(caplog, level=logging.INFO, **flags):
+    """What a Trainer built with ``flags`` logs from trainer-plugins."""
     import lightning as L
 
-    with caplog.at_level(logging.INFO):
-        L.Trainer(accelerator="tpu", devices=1, logger=False)
-    (line,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("trainer-plugins: ")]
-    assert line.startswith("trainer-plugins: accelerator=xla [xla (xla-plugins ")
-    assert "strategy=single_xla [xla (xla-plugins" in line and "is_distributed=False [trainer-plugins]" in line
+    caplog.clear()
+    with caplog.at_level(level), caplog.at_level(level, logger="trainer_plugins"):
+        L.Trainer(logger=False, **flags)
+    return [record.getMessage() for record in caplog.records if record.getMessage().startswith("trainer-plugins")]
+
+
+def test_the_trainer_logs_one_short_line_when_a_plugin_supplies_a_role(caplog):
+    (line,) = _startup_lines(caplog, accelerator="tpu", devices=1)
+    assert len(line) <= 120, line
+    assert line == (
+        "trainer-plugins: accelerator=xla, environment=xla, strategy=single_xla, precision=xla"
+        f" from xla-plugins {version('xla-plugins')}"
+    )
+
+
+def test_the_trainer_logs_nothing_when_lightning_supplies_every_role(caplog):
+    assert _startup_lines(caplog, accelerator="cpu", devices=1) == []
+
+
+def test_the_full_table_is_logged_at_debug_level(caplog):
+    lines = _startup_lines(caplog, logging.DEBUG, accelerator="cpu", devices=2, strategy="ddp")
+    (table,) = [line for line in lines if line.startswith("trainer-plugins resolved the run:")]
+    assert "is_distributed  True  <- trainer-plugins: whitelisted distributed strategy" in table

@@ -25,6 +25,9 @@ LIGHTNING_ROOT = {"trainer": "lightning.pytorch", "fabric": "lightning.fabric"}
 #: Flag values Lightning itself interprets for each role (never looked up in the catalogue).
 KEYWORDS = {"accelerator": ("auto", "gpu"), "strategy": ("auto",)}
 LIGHTNING_RULE = "Lightning's own rule (no plugin claims this)"
+#: Roles the start-up line names, and the longest line it may be (characters).
+STARTUP_ROLES = ("accelerator", "strategy", "precision", "environment")
+STARTUP_LINE_LIMIT = 120
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,6 @@ class Explanation(list):  # type: ignore[type-arg]
     def as_dicts(self) -> list[dict[str, str]]:
         """The decisions as plain dictionaries (for JSON)."""
         return [asdict(decision) for decision in self]
-
-    def summary(self) -> str:
-        """One line: each role's choice and the plugin that supplied it."""
-        return "; ".join(f"{d.role}={d.choice.split(' (')[0]} [{d.plugin}]" for d in self)
 
     def __str__(self) -> str:
         width = max((len(d.role) for d in self), default=0)
@@ -390,6 +389,29 @@ class Connector:
             return True
         answer = own_is_distributed(strategy)
         return False if answer is None else answer
+
+    def startup_line(self) -> Optional[str]:
+        """The one line a run logs at start-up, or ``None`` when no plugin supplied a role.
+
+        Names each role a plugin (not Lightning, not trainer-plugins' own fallback) supplied, grouped
+        by distribution: ``"trainer-plugins: accelerator=xla, strategy=single_xla, precision=xla,
+        environment=xla from xla-plugins 0.1.0"``. At most :data:`STARTUP_LINE_LIMIT` characters
+        (cut with ``"..."``); the full table is :func:`trainer_plugins.explain` and the DEBUG log.
+        """
+        sources = {
+            record.label: f"{record.distribution} {record.version}" if record.distribution else record.name
+            for record in self.catalog.manager.records.values()
+            if record.name != BUILTIN_PLUGIN
+        }
+        supplied: dict[str, list[str]] = {}
+        for decision in self.explanation:
+            if decision.role in STARTUP_ROLES and decision.plugin in sources:
+                name = decision.choice.split(" (")[0]
+                supplied.setdefault(sources[decision.plugin], []).append(f"{decision.role}={name}")
+        if not supplied:
+            return None
+        line = "trainer-plugins: " + "; ".join(f"{', '.join(roles)} from {who}" for who, roles in supplied.items())
+        return line if len(line) <= STARTUP_LINE_LIMIT else line[: STARTUP_LINE_LIMIT - 3] + "..."
 
     def explain_is_distributed(self, strategy: Any) -> None:
         """Record the ``is_distributed`` answer and which rule gave it."""

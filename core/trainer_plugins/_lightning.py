@@ -11,11 +11,12 @@ own method when no plugin answers. :func:`trainer_plugins.install` (or the start
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from lightning.fabric.connector import _Connector
 from lightning.fabric.plugins.environments import ClusterEnvironment
-from lightning.fabric.utilities.rank_zero import rank_zero_debug, rank_zero_info
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
@@ -27,6 +28,8 @@ from trainer_plugins._manager import BUILTIN_PLUGIN
 from trainer_plugins._versions import warn_unsupported_versions
 
 warn_unsupported_versions("trainer-plugins", ["lightning"])
+
+log = logging.getLogger("trainer_plugins")
 
 
 class _PluginConnectorMixin:
@@ -139,8 +142,10 @@ class _PluginConnectorMixin:
                 raise
         self.plugin_connector.explain_is_distributed(self.strategy)
         explanation = self.plugin_connector.explanation
-        rank_zero_info(f"trainer-plugins: {explanation.summary()}")
-        rank_zero_debug(f"trainer-plugins resolved the run:\n{explanation}")
+        line = self.plugin_connector.startup_line()
+        if line is not None:
+            rank_zero_info(line)
+        _log_table(explanation)
 
     def _lightning_refused_a_plugin_xla_strategy(self) -> bool:
         """Whether Lightning's last check refused a plugin's strategy on an XLA accelerator.
@@ -169,6 +174,12 @@ class _PluginConnectorMixin:
         reason = "instance given by the user" if not isinstance(given, (str, type(None))) else LIGHTNING_RULE
         choice = self.plugin_connector.describe_as(role, obj, given if isinstance(given, str) else None)
         self.plugin_connector.note(role, choice, self._label_of(role, obj), reason)
+
+
+@rank_zero_only
+def _log_table(explanation: Any) -> None:
+    """The full decision table, at DEBUG level of the ``trainer_plugins`` logger (rank 0 only)."""
+    log.debug("trainer-plugins resolved the run:\n%s", explanation)
 
 
 class TrainerConnector(_PluginConnectorMixin, _AcceleratorConnector):  # type: ignore[misc]

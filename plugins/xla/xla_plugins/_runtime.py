@@ -6,12 +6,14 @@ when it has to.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
 import multiprocessing
 import os
 import re
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -58,7 +60,8 @@ def require_torch_xla() -> ModuleType:
         )
     _check_versions(installed)
     chosen_by_user = os.environ.get("PJRT_DEVICE")
-    import torch_xla
+    with _default_device_notice_left_to_us():
+        import torch_xla
     import torch_xla.runtime as xr
 
     if xr.device_type() is None:
@@ -120,13 +123,48 @@ def _check_versions(installed: Version) -> None:
         log.warning("%s; it may not work.", message)
 
 
+#: How torch_xla announces, on import, the PJRT device it picked when PJRT_DEVICE is unset.
+_TORCH_XLA_DEFAULT_NOTICES = (
+    "Defaulting to PJRT_DEVICE=",
+    "libtpu.so and TPU device found.",
+    "Found libneuronpjrt.so.",
+)
+
+
+@contextlib.contextmanager
+def _default_device_notice_left_to_us() -> Iterator[None]:
+    """Drop torch_xla's own notice of its default PJRT device while it is imported.
+
+    ``import torch_xla`` logs its choice through the root logger (``logging.warning``), which also
+    installs a root handler as a side effect (``logging.basicConfig``), so every later log record
+    of the process is printed a second time in the root format. :func:`_log_default_device` says
+    the same once, with the hint to set ``PJRT_DEVICE``; this keeps the root logger as it was.
+    """
+    root = logging.getLogger()
+    placeholder = logging.NullHandler() if not root.handlers else None
+    if placeholder is not None:
+        root.addHandler(placeholder)  # `logging.warning` configures the root logger only when it has no handler
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.getMessage().startswith(_TORCH_XLA_DEFAULT_NOTICES))
+
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
+        if placeholder is not None:
+            root.removeHandler(placeholder)
+
+
 @functools.cache
 def _log_default_device(device_type: str) -> None:
+    """Say once per process which PJRT device torch_xla chose because ``PJRT_DEVICE`` is unset."""
+    reason = " because no TPU was found" if device_type == "CPU" else ""
     log.warning(
-        "PJRT_DEVICE was not set, so torch_xla selected PJRT_DEVICE=%s%s."
-        " Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose.",
+        "PJRT_DEVICE is not set: torch_xla uses its %s device%s. Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose.",
         device_type,
-        " because no TPU was found" if device_type == "CPU" else "",
+        reason,
     )
 
 
