@@ -66,7 +66,11 @@ def test_deprecated_aliases_resolve_to_their_entry_but_are_listed_only_on_reques
 
 
 def test_a_malformed_declaration_quarantines_its_plugin():
-    with pytest.warns(PluginWarning, match="trainer_plugins_accelerators must return a list of AcceleratorEntry"):
+    with pytest.warns(
+        PluginWarning,
+        match="hook trainer_plugins_accelerators returned a list holding the string 'npu'; expected a list of"
+        " AcceleratorEntry",
+    ):
         catalog = catalog_with(("npu", make_plugin(accelerators=lambda: ["npu"])))
     assert catalog.manager.records["npu"].state == "quarantined"
 
@@ -96,3 +100,14 @@ def test_one_plugin_declaring_a_name_twice_is_reported_and_the_name_refused():
         catalog = catalog_with(("p", plugin), builtin=False)
     with pytest.raises(PluginConflictError, match=r"strategy 'twice' is declared 2 times by p \(p-dist 1.0\)"):
         catalog.find("strategy", "twice")
+
+
+def test_two_plugins_both_declaring_override_are_reported_as_such():
+    a = make_plugin(strategies=lambda: [StrategyEntry("npu_ddp", trainer="a:S", override=True)])
+    b = make_plugin(strategies=lambda: [StrategyEntry("npu_ddp", trainer="b:S", override=True)])
+    with pytest.warns(PluginWarning):
+        catalog = catalog_with(("a", a), ("b", b), builtin=False)
+    assert catalog.conflicts[0].describe() == (
+        "strategy 'npu_ddp' is claimed by a (a-dist 1.0), b (b-dist 1.0); a (a-dist 1.0) and b (b-dist 1.0) all"
+        " declared override=True, so none wins and the name is unusable"
+    )

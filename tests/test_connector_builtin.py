@@ -67,3 +67,8 @@ CASES = {
 def test_builtin_flags_give_what_plain_lightning_gives(case):
     ours, lightnings = outcome(TrainerConnector, CASES[case]), outcome(_AcceleratorConnector, CASES[case])
     assert ours == lightnings
+
+
+def test_a_one_device_strategy_with_several_devices_names_both_flags():
+    with pytest.raises(ValueError, match=r"`strategy='single_device'` drives one device, but `devices=2` selects 2"):
+        L.Trainer(accelerator="cpu", devices=2, strategy="single_device", logger=False)

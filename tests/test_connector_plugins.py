@@ -11,6 +11,7 @@ import torch  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # noqa: E402
 from plugin_helpers import make_plugin  # noqa: E402
 
+import trainer_plugins  # noqa: E402
 from trainer_plugins import AcceleratorEntry, PluginError, PluginWarning  # noqa: E402
 
 FAKE = "fake_accelerators:FakeAccelerator"
@@ -47,18 +48,79 @@ def test_an_unavailable_plugin_accelerator_leaves_auto_to_lightnings_choice(extr
     assert auto_accelerator().startswith("cpu ")
 
 
-def test_a_probe_that_raises_quarantines_its_plugin_and_auto_goes_on(extra_plugins):
+def test_a_probe_that_raises_makes_its_plugin_not_available_for_that_run_and_auto_goes_on(extra_plugins):
     extra_plugins("broken", accelerator_plugin("broken_npu", 500, OSError("driver missing")), "broken-dist", "0.3")
     with pytest.warns(
-        PluginWarning, match=r"broken \(broken-dist 0.3\): hook trainer_plugins_accelerator_available raised: OSError"
+        PluginWarning,
+        match=r"plugin broken \(broken-dist 0.3\) is not available for this run: failed in"
+        r" trainer_plugins_accelerator_available: OSError: driver missing",
     ):
         assert auto_accelerator().startswith("cpu ")
-    with pytest.raises(
-        PluginError,
-        match=r"plugin broken \(broken-dist 0.3\) cannot provide accelerator 'broken_npu': it is quarantined: "
-        r".*OSError: driver missing",
+    record = trainer_plugins.get_plugin_manager().records["broken"]
+    assert (record.state, record.unavailable) == (
+        "loaded",
+        "failed in trainer_plugins_accelerator_available: OSError: driver missing",
+    )
+    with (
+        pytest.warns(PluginWarning),
+        pytest.raises(
+            PluginError,
+            match=r"plugin broken \(broken-dist 0.3\) cannot provide accelerator 'broken_npu': failed in"
+            r" trainer_plugins_accelerator_available: OSError: driver missing",
+        ),
     ):
         L.Trainer(accelerator="broken_npu", logger=False)
+
+
+def test_a_transient_probe_failure_is_forgotten_by_the_next_run(extra_plugins):
+    answers = [OSError("PJRT_DEVICE not set yet"), True]
+
+    def probe(name):
+        if name != "later_npu":
+            return None
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    extra_plugins(
+        "later",
+        make_plugin(
+            accelerators=lambda: [AcceleratorEntry("later_npu", trainer=FAKE, auto_priority=500)],
+            accelerator_available=probe,
+        ),
+    )
+    with pytest.warns(PluginWarning, match="OSError: PJRT_DEVICE not set yet"):
+        assert auto_accelerator().startswith("cpu ")
+    assert auto_accelerator().startswith("later_npu ")
+    assert answers == []
+
+
+def test_a_probe_that_never_answers_is_abandoned_after_the_probe_timeout(extra_plugins, monkeypatch):
+    import dataclasses
+    import threading
+    import time
+
+    release = threading.Event()
+    extra_plugins(
+        "wedged",
+        make_plugin(
+            accelerators=lambda: [AcceleratorEntry("wedged_npu", trainer=FAKE, auto_priority=500)],
+            accelerator_available=lambda name: release.wait(60) if name == "wedged_npu" else None,
+        ),
+    )
+    manager = trainer_plugins.get_plugin_manager()
+    monkeypatch.setattr(manager, "controls", dataclasses.replace(manager.controls, probe_timeout=0.2))
+    started = time.perf_counter()
+    try:
+        with pytest.warns(PluginWarning, match=r"wedged \(test-dist 1.0\) is not available for this run: failed in"):
+            assert auto_accelerator().startswith("cpu ")
+        # the earlier call still hangs: the next run does not wait again
+        with pytest.warns(PluginWarning, match="a call from an earlier run has still not answered"):
+            assert auto_accelerator().startswith("cpu ")
+        assert time.perf_counter() - started < 5
+    finally:
+        release.set()
 
 
 def test_a_pin_decides_what_auto_means(extra_plugins, monkeypatch):

@@ -133,3 +133,50 @@ def test_names_compare_as_pep_503_does():
     controls = Controls.from_env({"TRAINER_PLUGINS_BLOCK": "XLA_Plugins", "TRAINER_PLUGINS_PIN_ACCELERATOR": "CPU"})
     assert controls.admits("xla", "xla-plugins") == "blocked by TRAINER_PLUGINS_BLOCK (xla-plugins)"
     assert controls.pins == {"accelerator": "cpu"}
+
+
+def test_an_unreadable_control_is_one_line_and_exit_status_2_from_the_cli():
+    from conftest import run_python
+
+    result = run_python(
+        "import sys; from trainer_plugins._cli import main; sys.exit(main(['list']))",
+        env={"TRAINER_PLUGINS_AUTOLOAD": "maybe"},
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert (
+        "trainer-plugins: error: TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood; use 1/true/yes/on or"
+        " 0/false/no/off"
+    ) in result.stderr.splitlines()
+
+
+def test_install_with_an_unreadable_control_raises_once_and_trainers_still_run(monkeypatch):
+    L = pytest.importorskip("lightning")
+    from trainer_plugins._controls import ControlError
+
+    monkeypatch.setenv("TRAINER_PLUGINS_AUTOLOAD", "maybe")
+    trainer_plugins.reset_plugin_manager()
+    with pytest.raises(ControlError, match="TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood"):
+        trainer_plugins.install()
+    assert type(L.Trainer(accelerator="cpu", logger=False).strategy).__name__ == "SingleDeviceStrategy"
+    trainer_plugins.reset_plugin_manager()
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan"])
+def test_an_unreadable_probe_timeout_names_the_variable(value):
+    from trainer_plugins._controls import ControlError
+
+    with pytest.raises(ControlError, match=f"TRAINER_PLUGINS_PROBE_TIMEOUT='{value}' is not understood"):
+        Controls.from_env({"TRAINER_PLUGINS_PROBE_TIMEOUT": value})
+
+
+@pytest.mark.parametrize("pinned", ["slurm", "lsf"])
+def test_a_pinned_environment_that_does_not_apply_to_the_run_is_reported_as_such(pinned, monkeypatch):
+    pytest.importorskip("lightning")
+    monkeypatch.setenv("TRAINER_PLUGINS_PIN_ENVIRONMENT", pinned)
+    with pytest.raises(
+        ValueError,
+        match=f"TRAINER_PLUGINS_PIN_ENVIRONMENT='{pinned}' does not apply to this run: .*detect\\(\\) is False",
+    ):
+        trainer_plugins.explain(accelerator="cpu", devices=2, strategy="ddp")

@@ -106,6 +106,35 @@ def test_an_unusable_pjrt_device_is_named_with_how_to_choose_another(pjrt_device
     message = result.stdout.removeprefix("error: ").strip()
     # one line with the runtime's reason and no C++ stack trace (torch_xla 2.8 appends one)
     assert "\n" not in message and "stack trace" not in message, message
-    assert message.startswith(f"PJRT_DEVICE={pjrt_device} is not usable here: {_runtime_reason(pjrt_device)}")
+    assert message.startswith(
+        f"plugin xla (xla-plugins {version('xla-plugins')}): PJRT_DEVICE={pjrt_device} is not usable here:"
+        f" {_runtime_reason(pjrt_device)}"
+    )
     assert message.endswith(". Set PJRT_DEVICE to an attached device type (TPU, CUDA, CPU, ...).")
     assert ".. " not in message, message  # the runtime's closing full stop is not doubled
+
+
+@pytest.mark.parametrize("pjrt_device", ["TPU", "CUDA", "NPU9000", ""])
+def test_auto_runs_on_cpu_with_one_warning_naming_pjrt_device_when_it_names_an_absent_device(pjrt_device, monkeypatch):
+    import warnings
+
+    import lightning as L
+
+    monkeypatch.setenv("PJRT_DEVICE", pjrt_device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = L.Trainer(logger=False)
+    assert type(trainer.accelerator).__name__ == "CPUAccelerator"
+    named = [str(w.message) for w in caught if "PJRT_DEVICE" in str(w.message)]
+    assert len(named) == 1, named
+    assert named[0].startswith(f"PJRT_DEVICE={pjrt_device!r} ")
+
+
+def test_doctor_reports_an_empty_pjrt_device_as_set_but_empty(monkeypatch):
+    from xla_plugins import _runtime
+
+    monkeypatch.setenv("PJRT_DEVICE", "")
+    info = _runtime.describe()
+    assert info["PJRT_DEVICE"] == "'' (set but empty)"
+    assert info["error"].startswith("PJRT_DEVICE is set but empty")
+    assert "device type" not in info

@@ -167,3 +167,65 @@ def test_a_second_plugin_under_a_taken_name_is_set_aside_and_the_first_keeps_wor
     assert manager.records["npu"].distribution == "npu-dist" and manager.records["npu"].state == "loaded"
     assert manager.records["npu@impostor-dist"].state == "quarantined"
     assert [r.name for r, _ in manager.call_each("trainer_plugins_strategies")] == ["npu", "lightning"]
+
+
+@pytest.mark.parametrize(
+    ("hook", "answer", "expected"),
+    [
+        (
+            "select_strategy",
+            lambda accelerator: __import__("lightning.pytorch.strategies").pytorch.strategies.SingleDeviceStrategy,
+            "returned the class lightning.pytorch.strategies.single_device.SingleDeviceStrategy (not an instance)",
+        ),
+        ("select_precision", lambda accelerator: "bf16-true", "returned the string 'bf16-true'; expected a"),
+        ("select_environment", lambda accelerator: "slurm", "returned the string 'slurm'; expected a"),
+    ],
+)
+def test_a_decision_answer_of_the_wrong_kind_quarantines_an_uninvolved_plugin_and_fails_its_own_run(
+    hook, answer, expected
+):
+    pytest.importorskip("lightning")
+    arguments = {
+        "select_strategy": {"accelerator": None, "parallel_devices": [], "num_nodes": 1},
+        "select_precision": {"accelerator": None, "strategy": None, "precision": "32-true", "precision_input": None},
+        "select_environment": {"accelerator": None},
+    }[hook]
+    own = manager_with(("npu", make_plugin(**{hook: answer})))
+    with pytest.raises(
+        PluginError, match=r"plugin npu \(npu-dist 1.0\) " + expected.replace("(", r"\(").replace(")", r"\)")
+    ):
+        own.call_first(f"trainer_plugins_{hook}", frozenset({"npu"}), api="trainer", **arguments)
+    other = manager_with(("npu", make_plugin(**{hook: answer})))
+    with pytest.warns(
+        PluginWarning, match=f"hook trainer_plugins_{hook} " + expected.replace("(", r"\(").replace(")", r"\)")
+    ):
+        assert other.call_first(f"trainer_plugins_{hook}", frozenset({"lightning"}), api="trainer", **arguments) is None
+    assert other.records["npu"].state == "quarantined"
+
+
+def test_a_plugin_raising_system_exit_in_a_hook_is_quarantined_not_the_process_ended():
+    def leave():
+        raise SystemExit(3)
+
+    manager = manager_with(("npu", make_plugin(strategies=leave)))
+    with pytest.warns(PluginWarning, match="hook trainer_plugins_strategies raised: SystemExit: 3"):
+        manager.call_each("trainer_plugins_strategies")
+    assert manager.records["npu"].state == "quarantined"
+
+
+def test_a_wrong_argument_from_the_core_blames_no_plugin():
+    manager = manager_with(("npu", make_plugin(select_environment=lambda accelerator: None)))
+    with pytest.raises(TypeError, match="api='torch'; it must be one of"):
+        manager.call_first("trainer_plugins_select_environment", frozenset(), accelerator=None, api="torch")
+    assert manager.records["npu"].state == "loaded"
+
+
+def test_hook_calls_go_through_pluggys_hook_callers_and_its_monitoring():
+    manager = manager_with(("npu", make_plugin(strategies=strategies("npu_ddp"))))
+    seen = []
+    undo = manager.add_hookcall_monitoring(lambda name, impls, kwargs: seen.append(name), lambda *args: None)
+    try:
+        manager.call_each("trainer_plugins_strategies")
+    finally:
+        undo()
+    assert seen == ["trainer_plugins_strategies"]

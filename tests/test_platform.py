@@ -56,6 +56,13 @@ def test_list_reports_every_plugin_with_its_state_and_why_quickly_and_without_im
         "wrong_api": ("tp-fixture-wrong-api", "0.3.0", "quarantined"),
         "twin_a": ("tp-fixture-twin-a", "1.0.0", "loaded"),
         "twin_b": ("tp-fixture-twin-b", "1.0.0", "loaded"),
+        "hanging_probe": ("tp-fixture-hanging-probe", "0.1.0", "loaded"),
+        "exit_at_import": ("tp-fixture-exit-at-import", "0.1.0", "quarantined"),
+        "missing_class": ("tp-fixture-missing-class", "0.1.0", "loaded"),
+        "raising_available": ("tp-fixture-raising-available", "0.1.0", "loaded"),
+        "wrong_kind": ("tp-fixture-wrong-kind", "0.1.0", "loaded"),
+        "printing": ("tp-fixture-printing", "0.1.0", "loaded"),
+        "environ_mutating": ("tp-fixture-environ-mutating", "0.1.0", "loaded"),
     }
     assert (
         plugins["broken_import"]["reason"]
@@ -124,8 +131,6 @@ def test_selecting_a_contested_name_names_both_distributions():
 
 def test_the_quarantine_is_in_the_process_wide_plugin_set():
     records = trainer_plugins.get_plugin_manager().records
-    assert {name for name, record in records.items() if record.state == "quarantined"} == {
-        "broken_import",
-        "raising_hook",
-        "wrong_api",
-    }
+    quarantined = {name for name, record in records.items() if record.state == "quarantined"}
+    # wrong_kind is quarantined by the first run whose decision hooks it answers wrongly
+    assert quarantined - {"wrong_kind"} == {"broken_import", "raising_hook", "wrong_api", "exit_at_import"}

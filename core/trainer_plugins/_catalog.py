@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from trainer_plugins._entries import ENTRY_TYPES, _Entry
+from trainer_plugins._entries import _Entry
 from trainer_plugins._hookspecs import DECLARATION_HOOKS
 from trainer_plugins._manager import (
     BUILTIN_PLUGIN,
@@ -24,6 +23,7 @@ from trainer_plugins._manager import (
     PluginRecord,
     PluginWarning,
     get_plugin_manager,
+    on_reset,
 )
 
 
@@ -55,6 +55,11 @@ class Claim:
         """Whether the claim is Lightning's own."""
         return self.plugin.name == BUILTIN_PLUGIN
 
+    @property
+    def live(self) -> bool:
+        """Whether the claiming plugin is loaded (a quarantined plugin's claims take no effect)."""
+        return self.plugin.state == "loaded"
+
 
 @dataclass
 class Conflict:
@@ -75,6 +80,12 @@ class Conflict:
             )
         who = ", ".join(claim.plugin.label for claim in self.claims)
         if self.winner is None:
+            overriding = [c.plugin.label for c in self.claims if c.entry.override and not c.builtin and c.live]
+            if len(overriding) > 1:
+                return (
+                    f"{self.role} {self.name!r} is claimed by {who}; {' and '.join(overriding)} all declared"
+                    " override=True, so none wins and the name is unusable"
+                )
             return (
                 f"{self.role} {self.name!r} is claimed by {who}; none declared override=True, so the name is unusable"
             )
@@ -98,18 +109,24 @@ class Catalog:
 
     @classmethod
     def build(cls, manager: PluginManager) -> Catalog:
-        """Ask every plugin for its declarations and resolve conflicts (see the module docstring)."""
+        """Ask every plugin for its declarations and resolve conflicts (see the module docstring).
+
+        Conflicts are resolved once every role is declared, so a plugin quarantined while
+        declaring a later role (a raising hook, a malformed answer) wins no name in any role.
+        """
         catalog = cls(manager)
+        wanted: dict[str, dict[str, list[Claim]]] = {}
         for role, hook in DECLARATION_HOOKS.items():
-            wanted: dict[str, list[Claim]] = {}
+            wanted[role] = {}
             for record, entries in manager.call_each(hook):
-                for entry in _checked_entries(manager, record, role, entries):
+                for entry in entries:
                     for name in entry.names:
                         claim = Claim(name, entry, record)
-                        wanted.setdefault(name, []).append(claim)
+                        wanted[role].setdefault(name, []).append(claim)
                         catalog.declared.setdefault(record.name, []).append(claim)
+        for role, names in wanted.items():
             catalog.claims[role] = {}
-            for name, claims in wanted.items():
+            for name, claims in names.items():
                 winner = catalog._resolve(role, name, claims)
                 if winner is not None:
                     catalog.claims[role][name] = winner
@@ -148,10 +165,18 @@ class Catalog:
     def find(self, role: str, name: str) -> Optional[Claim]:
         """The claim that owns ``name`` for ``role`` or ``None``.
 
+        A plugin quarantined after the catalogue was built loses its names: Lightning's own claim
+        on the name, if any, takes over; otherwise its claim is returned so that selecting the name
+        reports the quarantine.
+
         Raises:
             PluginConflictError: ``name`` is contested and unusable; the message names both claimants.
         """
         claim = self.claims.get(role, {}).get(name)
+        if claim is not None and not claim.live:
+            for conflict in self.conflicts:
+                if conflict.role == role and conflict.name == name:
+                    claim = next((c for c in conflict.claims if c.builtin and c.live), claim)
         if claim is None:
             for conflict in self.conflicts:
                 if conflict.role == role and conflict.name == name and conflict.winner is None:
@@ -165,7 +190,7 @@ class Catalog:
         """Loaded class -> the claims naming it (plugin claims first); never imports."""
         by_class: dict[type, list[Claim]] = {}
         for claim in self.claims.get(role, {}).values():
-            cls = claim.entry.loaded_class(api)
+            cls = claim.entry.loaded_class(api) if claim.live else None
             if cls is not None:
                 by_class.setdefault(cls, []).append(claim)
         for claims in by_class.values():
@@ -190,17 +215,6 @@ class Catalog:
         return " Quarantined plugins: " + "; ".join(f"{record.label}: {record.reason}" for record in broken) + "."
 
 
-def _checked_entries(manager: PluginManager, record: PluginRecord, role: str, entries: Any) -> Sequence[_Entry]:
-    """The entries of ``role`` a declaration hook returned; quarantine the plugin if they are malformed."""
-    expected = ENTRY_TYPES[role]
-    if isinstance(entries, (list, tuple)) and all(isinstance(entry, expected) for entry in entries):
-        return entries
-    manager.quarantine(
-        record, f"{DECLARATION_HOOKS[role]} must return a list of {expected.__name__}", TypeError(repr(entries))
-    )
-    return ()
-
-
 _lock = threading.Lock()
 _catalogs: dict[int, Catalog] = {}
 
@@ -219,3 +233,6 @@ def reset_catalogs() -> None:
     """Forget cached catalogues."""
     with _lock:
         _catalogs.clear()
+
+
+on_reset(reset_catalogs)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from trainer_plugins._catalog import Catalog, get_catalog
+from trainer_plugins._controls import ControlError, Controls
+from trainer_plugins._manager import Run, describe_changes
 
 
 def plugin_listing(catalog: Catalog) -> dict[str, Any]:
@@ -39,6 +41,8 @@ def plugin_listing(catalog: Catalog) -> dict[str, Any]:
                 "state": record.state,
                 "reason": record.reason,
                 "api": record.api,
+                "unavailable": record.unavailable,
+                "environ_changes": {key: list(change) for key, change in record.environ_changes.items()},
                 "provides": provides,
             }
         )
@@ -62,6 +66,8 @@ def _print_listing(listing: dict[str, Any]) -> None:
         origin = f"{plugin['distribution']} {plugin['version']}" if plugin["distribution"] else "registered from code"
         reason = f" ({plugin['reason']})" if plugin["reason"] else ""
         print(f"{plugin['name']}  [{origin}]  {plugin['state']}{reason}")
+        if plugin["unavailable"]:
+            print(f"    not available in the last run that asked: {plugin['unavailable']}")
         for role, names in plugin["provides"].items():
             shown = []
             for item in names:
@@ -82,10 +88,33 @@ def _print_listing(listing: dict[str, Any]) -> None:
         print(f"    ({word}): {meaning}")
 
 
+def _availability(catalog: Catalog) -> dict[str, str]:
+    """Each accelerator ``"auto"`` may pick -> ``"available"``, ``"not available"`` or why its probe failed."""
+    from trainer_plugins._connector import Connector
+
+    connector = Connector("trainer", catalog)
+    found = {}
+    for _, name, claim in connector._auto_candidates():
+        available = connector._available(name, claim)
+        problem = connector.run.unavailable.get(claim.plugin.name)
+        found[name] = "available" if available else f"not available: {problem}" if problem else "not available"
+    return found
+
+
 def _doctor(catalog: Catalog) -> dict[str, Any]:
-    report = {record.label: info for record, info in catalog.manager.call_each("trainer_plugins_doctor")}
-    broken = {record.label: record.reason for record in catalog.manager.quarantined()}
-    return {"backends": report, "quarantined": broken}
+    manager = catalog.manager
+    report = {record.label: info for record, info in manager.call_each("trainer_plugins_doctor", run=Run())}
+    broken = {record.label: record.reason for record in manager.quarantined()}
+    notes = {}
+    for record in manager.records.values():
+        note = {}
+        if record.output:
+            note["printed at import"] = record.output.rstrip("\n")
+        if record.environ_changes:
+            note["changed os.environ at import"] = describe_changes(record.environ_changes)
+        if note:
+            notes[record.label] = note
+    return {"backends": report, "availability": _availability(catalog), "quarantined": broken, "side effects": notes}
 
 
 def _explain(args: argparse.Namespace) -> Any:
@@ -157,13 +186,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with ``--json``).
 
     Exit status: 0 on success, 1 when ``explain`` rejects the flags (the error is printed to
-    stderr), 2 on a usage error (argparse).
+    stderr), 2 on a usage error (argparse) or an unreadable control variable (one line on stderr
+    naming the variable and the accepted values). What plugins print is captured, so ``--json``
+    output is always valid JSON.
     """
     started = time.perf_counter()
     args = _parser().parse_args(argv)
+    try:
+        Controls.from_env()  # every control readable, or one line and exit status 2
+        return _run(args, started)
+    except ControlError as error:
+        print(f"trainer-plugins: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, started: float) -> int:
     if args.command == "explain":
         try:
             explanation = _explain(args)
+        except ControlError:
+            raise
         except Exception as error:  # the flags were rejected: report it like the Trainer would raise it
             print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
             return 1
@@ -186,8 +228,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(backend)
             for key, value in info.items():
                 print(f"    {key}: {value}")
+        print('accelerator="auto" candidates')
+        for name, state in report["availability"].items():
+            print(f"    {name}: {state}")
         for label, reason in report["quarantined"].items():
             print(f"{label}\n    quarantined: {reason}")
+        for label, note in report["side effects"].items():
+            print(label)
+            for key, value in note.items():
+                print(f"    {key}: {value}")
     _took(started, args.json)
     return 0
 

@@ -8,7 +8,7 @@ is recorded as a :class:`Decision`, so a run can explain where each role came fr
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pkgutil import resolve_name
 from typing import Any, Optional, Union
 
@@ -16,9 +16,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 
 from trainer_plugins._builtin import DISTRIBUTED_STRATEGIES
 from trainer_plugins._catalog import Catalog, Claim, get_catalog
-from trainer_plugins._controls import PIN_VARIABLES, Controls
+from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
-from trainer_plugins._manager import BUILTIN_PLUGIN
+from trainer_plugins._manager import BUILTIN_PLUGIN, PluginError, Run
 
 #: Lightning's import root for each api.
 LIGHTNING_ROOT = {"trainer": "lightning.pytorch", "fabric": "lightning.fabric"}
@@ -84,7 +84,9 @@ class Connector:
             raise ValueError(f"api must be one of {APIS}, got {api!r}")
         self.api = api
         self._catalog = catalog if catalog is not None else get_catalog()
-        self.controls = Controls.from_env()
+        # the plugin manager's controls (read before plugins loaded), with the pins as they are now
+        self.controls = replace(self._catalog.manager.controls, pins=read_pins())
+        self.run = Run()
         self.explanation = Explanation()
         self._whitelist: Optional[tuple[type, ...]] = None
 
@@ -126,7 +128,21 @@ class Connector:
         return frozenset(claim.plugin.name for claim in owners if claim is not None)
 
     def _ask_first(self, hook: str, owners: frozenset[str], **kwargs: Any) -> Optional[tuple[Any, Any]]:
-        return self.catalog.manager.call_first(hook, owners, api=self.api, **kwargs)
+        return self.catalog.manager.call_first(hook, owners, self.run, api=self.api, **kwargs)
+
+    def load_class(self, claim: Claim) -> Any:
+        """The class of ``claim`` for this api, imported under the plugin guard.
+
+        Raises:
+            ModuleNotFoundError: a module the class needs is not installed (a missing runtime); the
+                message names the plugin and its distribution.
+            PluginError: the class cannot be imported otherwise or is not of its role's Lightning
+                base class; the message names the plugin and its distribution.
+        """
+        path = claim.entry.class_path(self.api)
+        action = f"loading {claim.entry.role} class {path}"
+        manager = self.catalog.manager
+        return manager.guard(claim.plugin, action, claim.entry.load, self.api, passthrough=(ModuleNotFoundError,))
 
     # --- names -----------------------------------------------------------------------------------
 
@@ -195,8 +211,18 @@ class Connector:
         return pinned
 
     def _instantiate(self, claim: Claim, **kwargs: Any) -> Any:
-        cls = claim.entry.load(self.api)
-        return cls(**{**getattr(claim.entry, "init_kwargs", {}), **kwargs})
+        """Build ``claim``'s class under the plugin guard.
+
+        Raises:
+            Exception: what the constructor raised (a missing runtime, a bad setting), of the same
+                type, with the plugin and its distribution named in front of the message.
+            PluginError: the constructor raised something else (``SystemExit``, ...).
+        """
+        cls = self.load_class(claim)
+        arguments = {**getattr(claim.entry, "init_kwargs", {}), **kwargs}
+        return self.catalog.manager.guard(
+            claim.plugin, f"{cls.__qualname__}()", cls, passthrough=(Exception,), **arguments
+        )
 
     # --- accelerator -----------------------------------------------------------------------------
 
@@ -231,17 +257,53 @@ class Connector:
         return sorted(candidates, key=lambda candidate: -candidate[0])
 
     def _available(self, name: str, claim: Claim) -> bool:
-        # a probe that raises quarantines its plugin instead of failing a run that may not need it
-        answer = self.catalog.manager.call_first("trainer_plugins_accelerator_available", name=name)
-        if claim.plugin.state != "loaded":
+        """Whether accelerator ``name`` can run here, for this run.
+
+        A probe (or ``is_available()``) that raises, answers with a non-boolean, does not answer
+        within the probe timeout, or whose class cannot be imported makes its plugin not available
+        for this run only (reported once as a ``PluginWarning``); the next run asks again.
+        """
+        if name not in self.run.answers:
+            self.run.answers[name] = self._ask_available(name, claim)
+        return self.run.answers[name]
+
+    def _ask_available(self, name: str, claim: Claim) -> bool:
+        manager = self.catalog.manager
+        answer = manager.call_first("trainer_plugins_accelerator_available", run=self.run, name=name)
+        if not claim.live or claim.plugin.name in self.run.unavailable:
             return False
         if answer is not None:
             return bool(answer[1])
-        accelerator_class: Any = claim.entry.load(self.api)
-        return bool(accelerator_class.is_available())
+        try:
+            accelerator_class: Any = self.load_class(claim)
+            timeout = None if claim.builtin else self.controls.probe_timeout
+            available = manager.guard(
+                claim.plugin,
+                f"{accelerator_class.__qualname__}.is_available()",
+                accelerator_class.is_available,
+                timeout=timeout,
+            )
+        except (PluginError, ModuleNotFoundError) as fault:
+            manager.not_available(claim.plugin, self.run, fault)
+            return False
+        return bool(available)
 
     def make_accelerator(self, claim: Claim) -> Any:
-        """Build the accelerator of a plugin claim (its constructor reports a missing runtime)."""
+        """Build the accelerator of a plugin claim (its constructor reports a missing runtime).
+
+        Its plugin's probe (or the class's ``is_available()``) is asked first, bounded by the probe
+        timeout, so that a wedged or failing driver gives an error instead of a hang.
+
+        Raises:
+            PluginError: the probe failed or did not answer in time; the message names the plugin,
+                its distribution and why.
+        """
+        self._available(claim.name, claim)
+        reason = self.run.unavailable.get(claim.plugin.name)
+        if reason:
+            error = PluginError(f"plugin {claim.plugin.label} cannot provide accelerator {claim.name!r}: {reason}")
+            error.plugin = claim.plugin
+            raise error
         accelerator = self._instantiate(claim)
         self.note("accelerator", f"{claim.name} ({describe(accelerator)})", claim.plugin.label, "registered name")
         return accelerator
@@ -252,7 +314,7 @@ class Connector:
         """The cluster environment from the pin or the plugins, or ``None`` for Lightning's detection."""
         pinned = self._pin("environment")
         if pinned:
-            return self._instantiate(self.catalog.claims["environment"][pinned])
+            return self._pinned_environment(pinned, accelerator)
         answer = self._ask_first(
             "trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator
         )
@@ -261,6 +323,35 @@ class Connector:
         record, environment = answer
         self.note("environment", environment, record.label, "the accelerator's plugin chose it")
         return environment
+
+    def _pinned_environment(self, pinned: str, accelerator: Any) -> Any:
+        """Build the pinned cluster environment, refusing one that does not apply to this run.
+
+        Lightning's rule: an environment applies when its class's ``detect()`` says the process runs
+        under it; a plugin's environment also needs that plugin's accelerator.
+
+        Raises:
+            ValueError: the pinned environment does not apply; the message names the variable, the
+                environment and why.
+        """
+        claim = self.catalog.claims["environment"][pinned]
+        cls = self.load_class(claim)
+        variable = f"{PIN_VARIABLES['environment']}={pinned!r}"
+        detected = self.catalog.manager.guard(claim.plugin, f"{cls.__qualname__}.detect()", cls.detect)
+        accelerator_owner = self.catalog.owner_of(accelerator, "accelerator", self.api)
+        if not detected:
+            why = f"{cls.__qualname__}.detect() is False: this process does not run under it"
+        elif not claim.builtin and (accelerator_owner is None or accelerator_owner.plugin is not claim.plugin):
+            why = (
+                f"it belongs to plugin {claim.plugin.label}, and the accelerator {describe(accelerator)}"
+                " is not that plugin's"
+            )
+        else:
+            return self._instantiate(claim)
+        raise ValueError(
+            f"{variable} does not apply to this run: {why}. Unset {PIN_VARIABLES['environment']} or run"
+            " under that environment."
+        )
 
     # --- strategy --------------------------------------------------------------------------------
 
@@ -314,19 +405,42 @@ class Connector:
         claim = self.plugin_claim("strategy", name)
         if claim is None:
             return None
-        cls = claim.entry.load(self.api)
+        cls = self.load_class(claim)
         single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")
         device = {"device": parallel_devices[0]} if issubclass(cls, single) else {}
         strategy = self._instantiate(claim, **device)
         self.note("strategy", f"{claim.name} ({describe(strategy)})", claim.plugin.label, "registered name")
         return strategy
 
-    def validate(self, accelerator: Any, strategy: Any, parallel_devices: list[Any]) -> None:
-        """Let every plugin reject the accelerator/strategy pair (errors propagate to the user)."""
+    def validate(
+        self, accelerator: Any, strategy: Any, parallel_devices: list[Any], flags: Optional[dict[str, Any]] = None
+    ) -> None:
+        """Check the accelerator/strategy pair, then let every plugin reject it (errors propagate to the user).
+
+        Args:
+            accelerator: the run's Lightning ``Accelerator``.
+            strategy: the run's Lightning ``Strategy``.
+            parallel_devices: the devices the accelerator parsed from ``devices``.
+            flags: the user's ``strategy`` and ``devices`` flags, for error messages.
+
+        Raises:
+            ValueError: a strategy that drives one device (a ``SingleDeviceStrategy``) was given
+                an explicit ``devices`` of more than one device; the message names both flags.
+        """
+        flags = flags or {}
+        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")
+        if isinstance(strategy, single) and len(parallel_devices) > 1 and flags.get("devices", "auto") != "auto":
+            name = flags.get("strategy") if isinstance(flags.get("strategy"), str) else describe(strategy)
+            raise ValueError(
+                f"`strategy={name!r}` drives one device, but `devices={flags.get('devices', len(parallel_devices))!r}`"
+                f" selects {len(parallel_devices)}. Pass `devices=1` (or a one-device list) for it, or a"
+                " multi-device strategy (`strategy='auto'` picks one)."
+            )
         owners = self._owners(accelerator=accelerator, strategy=strategy)
         self.catalog.manager.call_each(
             "trainer_plugins_validate",
             owners,
+            self.run,
             accelerator=accelerator,
             strategy=strategy,
             parallel_devices=parallel_devices,
@@ -365,7 +479,8 @@ class Connector:
         if self._whitelist is None:
             classes = [resolve_name(path) for path in DISTRIBUTED_STRATEGIES[self.api]]
             for claim in self.catalog.claims.get("strategy", {}).values():
-                cls = claim.entry.loaded_class(self.api) if getattr(claim.entry, "distributed", False) else None
+                declared = claim.live and getattr(claim.entry, "distributed", False)
+                cls = claim.entry.loaded_class(self.api) if declared else None
                 if cls is not None and cls not in classes:
                     classes.append(cls)
             self._whitelist = tuple(classes)

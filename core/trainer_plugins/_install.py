@@ -9,7 +9,14 @@ def install() -> None:
     """Make ``lightning.Trainer`` and ``lightning.Fabric`` ask the plugins (imports Lightning; idempotent).
 
     This is what the start-up hook does automatically unless ``TRAINER_PLUGINS_AUTOLOAD=0``.
+
+    Raises:
+        ControlError: a control variable (``TRAINER_PLUGINS_*``) holds an unreadable value; nothing
+            is attached, so Trainers built afterwards are Lightning's own.
     """
+    from trainer_plugins._controls import Controls
+
+    Controls.from_env()  # an unreadable control fails here, once, not in every Trainer
     import lightning  # noqa: F401 - loads the Trainer and Fabric modules
 
     _autoload.attach()

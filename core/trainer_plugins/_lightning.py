@@ -51,6 +51,7 @@ class _PluginConnectorMixin:
     _num_nodes_flag: int
     _registered_strategies: list[str]
     _cluster_environment_flag: Any
+    _devices_flag: Any
 
     def _check_config_and_set_final_flags(
         self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any
@@ -81,6 +82,7 @@ class _PluginConnectorMixin:
         return self.plugin_connector.choose_auto_accelerator()
 
     def _set_parallel_devices_and_init_accelerator(self) -> None:
+        self._devices_as_given = self._devices_flag  # Lightning parses it in place below
         claim = self.plugin_connector.plugin_claim("accelerator", self._accelerator_flag)
         given = self._accelerator_flag
         if claim is not None:
@@ -120,7 +122,8 @@ class _PluginConnectorMixin:
                 self._note_lightning_choice("strategy", self.strategy, flag)
         else:
             self.strategy = strategy
-        self.plugin_connector.validate(self.accelerator, self.strategy, self._parallel_devices)
+        flags = {"strategy": flag, "devices": self._devices_as_given}
+        self.plugin_connector.validate(self.accelerator, self.strategy, self._parallel_devices, flags)
 
     def _check_and_init_precision(self) -> Any:
         if getattr(self, self._precision_instance_attr) is None:

@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
@@ -266,20 +267,58 @@ def runtime_error_text(error: BaseException) -> str:
 def auto_candidate() -> bool:
     """Whether ``accelerator="auto"`` should choose XLA, without starting a runtime.
 
-    True when torch_xla is installed and an XLA-only device is selected or attached: ``PJRT_DEVICE``
-    names a device other than CPU, or libtpu is installed and torch_xla's probe finds a TPU chip.
-    A CPU-only machine never imports torch_xla here.
+    True when torch_xla is installed and an XLA-only device is selected and attached, or attached
+    while ``PJRT_DEVICE`` is unset: a TPU (libtpu installed and torch_xla's probe finds a chip) or,
+    for ``PJRT_DEVICE=CUDA``, a CUDA device. A CPU-only machine never imports torch_xla here.
+
+    When ``PJRT_DEVICE`` is set (or empty) but names no device attached here, ``"auto"`` does not
+    choose XLA (plain Lightning would run on the CPU; so do we) and one ``UserWarning`` names
+    ``PJRT_DEVICE``; an explicit ``accelerator="tpu"`` still reports the runtime's own error.
     """
     if importlib.util.find_spec("torch_xla") is None:
         return False
-    selected = os.environ.get("PJRT_DEVICE", "").strip().upper()
-    if selected:
-        return selected != "CPU"
+    raw = os.environ.get("PJRT_DEVICE")
+    if raw is None:
+        return _tpu_attached()
+    selected = raw.strip().upper()
+    if selected == "CPU":
+        return False
+    attached = _ATTACHED.get(selected)
+    if attached is not None and attached():
+        return True
+    what = (
+        "is empty"
+        if not selected
+        else f"names {'no device type torch_xla knows' if attached is None else 'a device type not attached here'}"
+    )
+    warnings.warn(
+        f"PJRT_DEVICE={raw!r} {what}, so accelerator='auto' does not choose XLA and the run uses another"
+        " accelerator (the CPU if nothing else is attached). Set PJRT_DEVICE to an attached device type"
+        " (TPU, CUDA, CPU) or unset it; accelerator='tpu' reports the runtime's own error.",
+        UserWarning,
+        stacklevel=2,
+    )
+    return False
+
+
+def _tpu_attached() -> bool:
+    """libtpu is installed and torch_xla's PCI probe finds a TPU chip (starts no runtime)."""
     if importlib.util.find_spec("libtpu") is None:
         return False
     from torch_xla._internal import tpu
 
     return tpu.num_available_chips() > 0
+
+
+def _cuda_attached() -> bool:
+    """torch sees a CUDA device (starts no XLA runtime)."""
+    import torch
+
+    return torch.cuda.device_count() > 0
+
+
+#: Device types whose presence can be checked without starting a runtime.
+_ATTACHED = {"TPU": _tpu_attached, "CUDA": _cuda_attached, "GPU": _cuda_attached}
 
 
 def describe() -> dict[str, object]:
@@ -292,10 +331,14 @@ def describe() -> dict[str, object]:
     info: dict[str, object] = {
         "torch": _version_or("torch"),
         "torch_xla": _version_or("torch_xla"),
-        "PJRT_DEVICE": os.environ.get("PJRT_DEVICE") or "(unset: torch_xla picks a TPU if attached, else CPU)",
+        "PJRT_DEVICE": _pjrt_device_shown(),
     }
     for number, problem in enumerate(unsupported_versions("xla-plugins", ["lightning"]), start=1):
         info[f"unsupported version {number}"] = problem
+    raw = os.environ.get("PJRT_DEVICE")
+    if raw is not None and not raw.strip():
+        info["error"] = "PJRT_DEVICE is set but empty, so torch_xla starts no device; unset it or name a device type"
+        return info
     try:
         info["runtime"] = "PJRT" if require_torch_xla() is not None else "?"
         info["device type"] = device_type()
@@ -303,6 +346,14 @@ def describe() -> dict[str, object]:
     except (ModuleNotFoundError, RuntimeError) as error:
         info["error"] = runtime_error_text(error)
     return info
+
+
+def _pjrt_device_shown() -> str:
+    """``PJRT_DEVICE`` as ``doctor`` shows it: the value, or what its absence or emptiness means."""
+    raw = os.environ.get("PJRT_DEVICE")
+    if raw is None:
+        return "(unset: torch_xla picks a TPU if attached, else CPU)"
+    return raw if raw.strip() else "'' (set but empty)"
 
 
 def _version_or(distribution: str) -> str:
