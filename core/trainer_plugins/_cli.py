@@ -89,12 +89,14 @@ def _print_listing(listing: dict[str, Any]) -> None:
 
 
 def _availability(catalog: Catalog) -> dict[str, str]:
-    """Each accelerator ``"auto"`` may pick -> ``"available"``, ``"not available"`` or why its probe failed."""
+    """Each plugin accelerator ``"auto"`` may pick -> ``"available"``, ``"not available"`` or why its probe failed."""
     from trainer_plugins._connector import Connector
 
     connector = Connector("trainer", catalog)
     found = {}
     for _, name, claim in connector._auto_candidates():
+        if claim.builtin:  # Lightning's own (probing its XLA accelerator would import torch_xla)
+            continue
         available = connector._available(name, claim)
         problem = connector.run.unavailable.get(claim.plugin.name)
         found[name] = "available" if available else f"not available: {problem}" if problem else "not available"
