@@ -48,6 +48,17 @@ class XLAAccelerator(_LightningXLAAccelerator):
         torch.zeros(1, device=device)
         _check_autograd_engine(device)
 
+    @override
+    def setup(self, trainer: Any) -> None:
+        """Let ``trainer`` read logged metrics at its readers' cadence (see :mod:`xla_plugins.metrics`).
+
+        Raises:
+            ValueError: ``XLA_PLUGINS_METRIC_READS`` or ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is invalid.
+        """
+        from xla_plugins import metrics
+
+        metrics.install(trainer)
+
     @staticmethod
     @override
     def parse_devices(devices: Union[int, str, list[int]]) -> Union[int, list[int]]:

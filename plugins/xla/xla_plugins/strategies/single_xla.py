@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
+from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 
 DeviceLike = Union[torch.device, str, int, None]
@@ -32,12 +33,13 @@ def xla_device(device: DeviceLike) -> torch.device:
     return torch_xla.device(index)
 
 
-class SingleDeviceXLAStrategy(_LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, _LightningSingleDeviceXLAStrategy):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets
-    its device from :func:`xla_device` and carries no ``is_distributed`` property (Lightning 2.0
-    removed it; ask the connector instead).
+    its device from :func:`xla_device`, runs pending evaluation work when validation ends (see
+    :class:`~xla_plugins.strategies._evaluation.RunsPendingEvaluationWork`) and carries no
+    ``is_distributed`` property (Lightning 2.0 removed it; ask the connector instead).
 
     Args:
         device: the device to run on (see :func:`xla_device`).

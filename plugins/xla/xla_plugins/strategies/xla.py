@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
+from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies.launcher import FabricXLALauncher, XLALauncher
 
 
@@ -46,7 +47,7 @@ class _OneWorkerPerDevice:
         return torch_xla.device()
 
 
-class XLAStrategy(_OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[misc]
+class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[misc]
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
@@ -60,7 +61,8 @@ class XLAStrategy(_OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[m
     Differences from Lightning's: world size and ranks come from this plugin's
     :class:`~xla_plugins.environment.XLAEnvironment`, the device from ``torch_xla.device()``, pending
     graphs are synced with ``torch_xla.sync()`` before a checkpoint is written (by global rank 0
-    only, with CPU tensors), and worker failures stop the run. It has no ``is_distributed`` of its
+    only, with CPU tensors), pending evaluation work runs when validation ends, and worker failures
+    stop the run. It has no ``is_distributed`` of its
     own: the connector whitelists it.
 
     Before launch, ``world_size`` reads 1 and the ranks read 0 (placeholders); ``root_device``

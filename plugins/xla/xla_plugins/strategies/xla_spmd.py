@@ -20,6 +20,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from xla_plugins import _runtime
+from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 
 #: Name of the mesh axis the batch is sharded over.
@@ -130,7 +131,7 @@ class _OneProcessOverAMesh:
         """Nothing to wait for: one process."""
 
 
-class XLASPMDStrategy(_OneProcessOverAMesh, ParallelStrategy):  # type: ignore[misc]
+class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, ParallelStrategy):  # type: ignore[misc]
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
     ``torch_xla.runtime.use_spmd()`` turns the devices into one virtual device; the strategy builds a
