@@ -2,8 +2,9 @@
 
     python benchmarks/multidevice.py --strategy xla|xla_spmd --devices N
 
-Both train the same model on the same global batch (spawn: ``batch / N`` per replica, a
-distributed sampler each; SPMD: the whole batch sharded over the mesh) and report global samples
+Both train the same model on the same global batch from the same loader (``batch / N`` per
+device: spawn gives each replica a distributed sampler's shard, SPMD joins N loader batches and
+shards them over the mesh) and report global samples
 per second after the first epoch. On PJRT CPU the spawn strategy's collectives need the project's
 test harness (tests/xla_cpu_harness.py, see docs/testing.md), which this script installs; its
 figures therefore show the strategy's structure (threads, collectives), not TPU behaviour.
@@ -85,7 +86,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(SAMPLES, 64, generator=generator)
     data = TensorDataset(inputs, torch.randint(0, 10, (SAMPLES,), generator=generator))
-    per_loader = GLOBAL_BATCH if args.strategy == "xla_spmd" else GLOBAL_BATCH // args.devices
+    per_loader = GLOBAL_BATCH // args.devices  # the loader's batch is per device for both strategies
     report = Path(tempfile.mkdtemp()) / "report.json"
     trainer = L.Trainer(
         accelerator="xla",

@@ -131,15 +131,15 @@ def test_spawn_strategy_end_to_end(devices, tmp_path):
 def test_spmd_strategy_end_to_end(devices, tmp_path):
     summary, devices_rows, later = run_scenario("xla_spmd", devices, tmp_path)
     size = summary["size"]
-    steps_per_epoch = size // BATCH
+    steps_per_epoch = size // (BATCH * devices)  # the loader's batch is per device, as for 'xla'
     assert (
-        summary["strategy"] == "xla_plugins.strategies.xla_spmd.XLASPMDStrategy" and summary["is_distributed"] is True
+        summary["strategy"] == "xla_plugins.strategies.xla_spmd.XLASPMDStrategy" and summary["is_distributed"] is False
     )
     assert sorted(devices_rows) == list(range(devices))
 
-    (loaders,) = of_kind(devices_rows[0], "loaders")  # one process
-    assert (loaders["sampler"], loaders["shuffle"], loaders["val_shuffle"]) == ("DistributedSampler", True, False)
-    assert loaders["replicas"] == [1, 0] and loaders["world_size"] == 1
+    (loaders,) = of_kind(devices_rows[0], "loaders")  # one process: no sampler injected, the loader's own is kept
+    assert (loaders["loader"], loaders["sampler"], loaders["val_shuffle"]) == ("GlobalBatches", "RandomSampler", None)
+    assert loaders["exposes"] == [True, True] and loaders["world_size"] == 1
 
     for epoch in (0, 1):
         shards = {

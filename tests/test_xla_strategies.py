@@ -97,13 +97,54 @@ def test_dataloaders_are_wrapped_in_mp_device_loader_exactly_once():
 def test_spmd_strategy_collectives_follow_lightnings_one_process_semantics():
     strategy = xla_plugins.XLASPMDStrategy(parallel_devices=[torch.device("xla", 0), torch.device("xla", 1)])
     tensor = torch.arange(4.0)
-    assert strategy.reduce(tensor) is tensor and strategy.reduce(tensor, reduce_op="sum") is tensor
+    for op in ("mean", "avg", "sum", "max", "min", "MAX", None, torch.distributed.ReduceOp.MIN):
+        assert strategy.reduce(tensor, reduce_op=op) is tensor  # one process: already the global value
     assert strategy.all_gather(tensor) is tensor
     assert strategy.broadcast("payload") == "payload"
-    assert strategy.distributed_sampler_kwargs == {"num_replicas": 1, "rank": 0}
+    assert strategy.distributed_sampler_kwargs is None  # no sampler injected: the loader's order is dealt out
     assert (strategy.world_size, strategy.global_rank, strategy.root_device) == (1, 0, torch.device("xla", 0))
-    with pytest.raises(ValueError, match="supports reduce_op in \\('sum', 'mean', 'avg'\\), got 'max'"):
-        strategy.reduce(tensor, reduce_op="max")
+    with pytest.raises(
+        ValueError, match="reduce with one of 'sum', 'mean', 'avg', 'max', 'min'.*got reduce_op='product'"
+    ):
+        strategy.reduce(tensor, reduce_op="product")
+
+
+def test_spmd_batch_meaning_is_per_device_by_default_and_validated():
+    devices = [torch.device("xla", 0), torch.device("xla", 1)]
+    assert xla_plugins.XLASPMDStrategy(parallel_devices=devices).batch == "per_device"
+    assert xla_plugins.XLASPMDStrategy(parallel_devices=devices, batch="global").batch == "global"
+    with pytest.raises(
+        ValueError, match="`batch='local'` is not a batch meaning. Choose one of 'per_device', 'global'"
+    ):
+        xla_plugins.XLASPMDStrategy(parallel_devices=devices, batch="local")
+
+
+def test_spmd_is_not_distributed_for_lightning_one_process_drives_the_mesh():
+    import trainer_plugins
+
+    devices = [torch.device("xla", 0), torch.device("xla", 1)]
+    for api, strategy in [
+        ("trainer", xla_plugins.XLASPMDStrategy(parallel_devices=devices)),
+        ("fabric", xla_plugins.FabricXLASPMDStrategy(parallel_devices=devices)),
+    ]:
+        assert trainer_plugins.Connector(api).is_distributed(strategy) is False
+
+
+def test_global_batches_join_per_device_batches_field_by_field():
+    from xla_plugins.strategies._batches import GlobalBatches, concatenate
+
+    batches = [
+        {"x": torch.full((2, 3), float(i)), "names": [f"a{i}", f"b{i}"], "pair": (torch.tensor([i]), [torch.ones(1)])}
+        for i in range(3)
+    ]
+    joined = concatenate(batches)
+    assert joined["x"].shape == (6, 3) and joined["x"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    assert joined["names"] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert joined["pair"][0].tolist() == [0, 1, 2] and joined["pair"][1][0].shape == (3,)
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2)  # 5 per-device batches
+    grouped = GlobalBatches(loader, per_step=2)
+    assert len(grouped) == 3 and [b[0].tolist() for b in grouped] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert grouped.dataset is loader.dataset and grouped.batch_size == 2
 
 
 def test_device_stats_are_empty_where_the_runtime_has_no_memory_statistics():

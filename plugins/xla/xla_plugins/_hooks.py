@@ -64,7 +64,6 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             trainer=f"{_PKG}.strategies.xla_spmd:XLASPMDStrategy",
             fabric=f"{_PKG}.strategies.xla_spmd:FabricXLASPMDStrategy",
             description="all devices from one process, batch sharded over a mesh (torch_xla SPMD)",
-            distributed=True,
         ),
     ]
 
@@ -155,7 +154,7 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
         rank_zero_info(
             f"trainer-plugins: strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
             " the SPMD strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this"
-            " device with this torch_xla."
+            " device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
         )
         return "xla_spmd"
     return "xla"

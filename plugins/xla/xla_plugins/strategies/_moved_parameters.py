@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.nn import Module, Parameter
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 class KeepsOptimizersOnMovedParameters:
@@ -12,30 +14,49 @@ class KeepsOptimizersOnMovedParameters:
 
     Moving a module to an XLA device replaces its ``Parameter`` objects (XLA tensors cannot take
     over a CPU tensor's storage), so an optimizer built on the CPU parameters would step tensors the
-    model no longer uses. Fabric repairs the references only for Lightning's multi-device
-    ``XLAStrategy``; this mixin does the same for the strategies that use it: it records which new
-    parameter replaced which old one in :meth:`module_to_device` and points the optimizers at the new
-    ones in :meth:`setup_module_and_optimizers`.
+    model no longer uses: the run would go on without training. Fabric repairs the references only
+    for Lightning's multi-device ``XLAStrategy`` (and refuses ``setup_optimizers`` there). This
+    mixin records which new parameter replaced which old one in :meth:`module_to_device` (weakly:
+    the old ones are freed once no optimizer holds them) and points every optimizer at the new ones,
+    in ``fabric.setup(model, optimizer)`` and in ``fabric.setup_optimizers(optimizer)`` after
+    ``fabric.setup_module(model)``. An optimizer created from the set-up module's parameters needs
+    nothing. An optimizer still holding a parameter that is not on an XLA device afterwards fails
+    loudly (:meth:`setup_optimizer`).
     """
 
-    _replaced: dict[Parameter, Parameter]
     root_device: Any
+
+    def _replacements(self) -> WeakIdKeyDictionary:
+        return self.__dict__.setdefault("_replaced_parameters", WeakIdKeyDictionary())
 
     def module_to_device(self, module: Module) -> None:
         """Move ``module`` to ``root_device``, remembering which parameter replaced which."""
         before = dict(module.named_parameters())
         module.to(self.root_device)
         after = dict(module.named_parameters())
-        self._replaced = {old: after[name] for name, old in before.items() if after[name] is not old}
+        replaced = self._replacements()
+        for name, old in before.items():
+            if after[name] is not old:
+                replaced[old] = after[name]
 
-    def setup_module_and_optimizers(self, module: Module, optimizers: list[Any], *args: Any, **kwargs: Any) -> Any:
-        """Point ``optimizers`` at the moved parameters, then set up as the base strategy does.
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point ``optimizer`` at the moved parameters (and their state), then check they are on XLA.
 
-        Extra arguments (the scheduler, since Lightning 2.6) are passed on unchanged.
+        Raises:
+            RuntimeError: a parameter of ``optimizer`` is not on an XLA device: it belongs to no
+                module set up by this strategy, and stepping it would not train the model.
         """
-        replaced = getattr(self, "_replaced", {})
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["params"] = [replaced.get(parameter, parameter) for parameter in group["params"]]
-        self._replaced = {}
-        return super().setup_module_and_optimizers(module, optimizers, *args, **kwargs)  # type: ignore[misc]
+        replaced = self._replacements()
+        for group in optimizer.param_groups:
+            group["params"] = [replaced.get(parameter, parameter) for parameter in group["params"]]
+        for old in [key for key in optimizer.state if key in replaced]:
+            optimizer.state[replaced[old]] = optimizer.state.pop(old)
+        stale = [p for group in optimizer.param_groups for p in group["params"] if p.device.type != "xla"]
+        if stale:
+            raise RuntimeError(
+                f"{type(optimizer).__name__} holds {len(stale)} parameter(s) on {stale[0].device}, not on the XLA"
+                f" device: they belong to no module set up with this Fabric, so stepping it would not train the"
+                " model. Set the module up first (`fabric.setup_module(model)` or `fabric.setup(model, optimizer)`)"
+                " and build the optimizer from the same module."
+            )
+        return super().setup_optimizer(optimizer)  # type: ignore[misc]

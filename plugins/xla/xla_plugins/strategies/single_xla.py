@@ -15,6 +15,7 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 from xla_plugins import _runtime
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 
 DeviceLike = Union[torch.device, str, int, None]
 
@@ -33,13 +34,14 @@ def xla_device(device: DeviceLike) -> torch.device:
     return torch_xla.device(index)
 
 
-class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, _LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets
     its device from :func:`xla_device`, runs pending evaluation work when validation ends (see
-    :class:`~xla_plugins.strategies._evaluation.RunsPendingEvaluationWork`) and carries no
-    ``is_distributed`` property (Lightning 2.0 removed it; ask the connector instead).
+    :class:`~xla_plugins.strategies._evaluation.RunsPendingEvaluationWork`), seeds the device RNG
+    from torch's seed at setup (see :func:`~xla_plugins.strategies._seed.seed_device`) and carries
+    no ``is_distributed`` property (Lightning 2.0 removed it; ask the connector instead).
 
     Args:
         device: the device to run on (see :func:`xla_device`).
@@ -69,12 +71,16 @@ class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, _LightningSingleDeviceX
         self.debug = debug
 
 
-class FabricSingleDeviceXLAStrategy(KeepsOptimizersOnMovedParameters, _LightningFabricSingleDeviceXLAStrategy):
+class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
+    SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _LightningFabricSingleDeviceXLAStrategy
+):
     """Strategy of ``lightning.Fabric`` for one XLA device (registered as ``"single_xla"``).
 
     Fabric's counterpart of :class:`SingleDeviceXLAStrategy`. Unlike Lightning's, it keeps the
-    optimizers on the parameters of the moved module (see
-    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`).
+    optimizers on the parameters of the moved module, in ``fabric.setup(model, optimizer)`` and in
+    ``fabric.setup_optimizers`` after ``fabric.setup_module`` (see
+    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and seeds
+    the device RNG when a module is set up.
 
     Raises:
         ModuleNotFoundError: torch_xla is not installed.

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from lightning.fabric.strategies.xla import XLAStrategy as _LightningFabricXLAStrategy
-from lightning.fabric.utilities.types import _PATH
+from lightning.fabric.utilities.types import _PATH, ReduceOp
 from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
+from torch import Tensor
 from typing_extensions import override
 
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
+from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies.launcher import FabricXLALauncher, XLALauncher
 
 
@@ -46,8 +49,13 @@ class _OneWorkerPerDevice:
 
         return torch_xla.device()
 
+    def _all_reduce(self, tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
+        """Reduce over the replicas with any op Lightning supports (see ``_reduce.all_reduce``)."""
+        world_size: int = self.world_size  # type: ignore[attr-defined]
+        return _reduce.all_reduce(tensor, reduce_op, world_size, self.root_device)
 
-class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, _LightningXLAStrategy):  # type: ignore[misc]
+
+class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy):  # type: ignore[misc]
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
@@ -55,15 +63,18 @@ class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, _LightningXLAS
     are wrapped once in torch_xla's ``MpDeviceLoader`` (still exposing ``dataset`` and
     ``batch_sampler``); rank 0's parameters are broadcast at setup; ``all_gather``, ``broadcast``,
     ``reduce`` and ``barrier`` use XLA collectives (``barrier`` and ``broadcast`` do nothing before
-    the workers start); gradients are reduced inside the optimizer step (``xm.reduce_gradients``);
+    the workers start; ``reduce`` supports sum, mean/avg, max and min, as DDP does, where
+    Lightning's supports sum and mean only); gradients are reduced inside the optimizer step (``xm.reduce_gradients``);
     ``distributed_sampler_kwargs`` is ``{"num_replicas": world_size, "rank": global_rank}``.
 
     Differences from Lightning's: world size and ranks come from this plugin's
     :class:`~xla_plugins.environment.XLAEnvironment`, the device from ``torch_xla.device()``, pending
     graphs are synced with ``torch_xla.sync()`` before a checkpoint is written (by global rank 0
-    only, with CPU tensors), pending evaluation work runs when validation ends, and worker failures
-    stop the run. It has no ``is_distributed`` of its
-    own: the connector whitelists it.
+    only, with CPU tensors), pending evaluation work runs when validation ends, worker failures stop
+    the run, ``reduce`` has max and min, and each replica's device RNG is seeded from torch's seed at
+    setup (every rank the same seed, as Lightning seeds DDP ranks; see
+    :func:`~xla_plugins.strategies._seed.seed_device`). It has no ``is_distributed`` of its own:
+    the connector whitelists it.
 
     Before launch, ``world_size`` reads 1 and the ranks read 0 (placeholders); ``root_device``
     raises ``RuntimeError``, since each worker has its own.
@@ -82,6 +93,20 @@ class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, _LightningXLAS
         self._launcher = XLALauncher(self)
 
     @override
+    def reduce(
+        self,
+        output: Union[Tensor, Any],
+        group: Optional[Any] = None,
+        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
+    ) -> Tensor:
+        """Reduce ``output`` over all replicas: sum, mean/avg, max or min (``group`` is ignored, as in Lightning's).
+
+        Raises:
+            ValueError: another ``reduce_op``.
+        """
+        return self._all_reduce(output, reduce_op)
+
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
     ) -> None:
@@ -93,12 +118,15 @@ class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, _LightningXLAS
         super(_LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
 
-class FabricXLAStrategy(_OneWorkerPerDevice, _LightningFabricXLAStrategy):  # type: ignore[misc]
+class FabricXLAStrategy(_OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFabricXLAStrategy):  # type: ignore[misc]
     """Strategy of ``lightning.Fabric`` for all devices of an XLA host (registered as ``"xla"``).
 
     Fabric's counterpart of :class:`XLAStrategy`, with the same changes to Lightning's: this
     plugin's environment, ``torch_xla.device()``, ``torch_xla.sync()`` before checkpoints and the
-    failure-stopping :class:`~xla_plugins.strategies.launcher.FabricXLALauncher`. Its precision
+    failure-stopping :class:`~xla_plugins.strategies.launcher.FabricXLALauncher`, ``all_reduce`` with
+    max and min, and the device RNG seeded when a module is set up. ``fabric.setup_optimizers``
+    after ``fabric.setup_module`` is refused with Lightning's ``RuntimeError`` (set the model and
+    optimizers up together with ``fabric.setup``). Its precision
     plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients.
 
     Raises:
@@ -108,6 +136,20 @@ class FabricXLAStrategy(_OneWorkerPerDevice, _LightningFabricXLAStrategy):  # ty
     @override
     def _configure_launcher(self) -> None:
         self._launcher = FabricXLALauncher(self)
+
+    @override
+    def all_reduce(
+        self,
+        output: Union[Tensor, Any],
+        group: Optional[Any] = None,
+        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
+    ) -> Tensor:
+        """Reduce ``output`` over all replicas: sum, mean/avg, max or min.
+
+        Raises:
+            ValueError: another ``reduce_op``.
+        """
+        return self._all_reduce(output, reduce_op)
 
     @override
     def save_checkpoint(

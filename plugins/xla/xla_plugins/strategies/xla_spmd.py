@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Optional, Union
 
 import lightning.pytorch as pl
@@ -10,6 +9,7 @@ import torch
 from lightning.fabric.plugins import XLACheckpointIO
 from lightning.fabric.strategies.parallel import ParallelStrategy as _FabricParallelStrategy
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.strategies.strategy import TBroadcast
@@ -20,25 +20,30 @@ from torch import Tensor
 from typing_extensions import override
 
 from xla_plugins import _runtime
+from xla_plugins.strategies import _batches
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._reduce import reduce_op_name
+from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 
 #: Name of the mesh axis the batch is sharded over.
 DATA_AXIS = "data"
-_REDUCE_OPS = ("sum", "mean", "avg")
 
 
 class _OneProcessOverAMesh:
-    """What both flavours share: SPMD mode, the mesh, batch sharding and one-process collectives.
+    """What both flavours share: SPMD mode, the mesh, batch meaning and sharding, one-process collectives.
 
-    Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords); checkpoints
-    default to ``XLACheckpointIO`` (full CPU tensors).
+    Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords), plus ``batch``
+    (see :mod:`xla_plugins.strategies._batches`); checkpoints default to ``XLACheckpointIO`` (full
+    CPU tensors).
     """
 
     _mesh: Optional[Any] = None
 
-    def __init__(self, *, checkpoint_io: Optional[Any] = None, **kwargs: Any) -> None:
+    def __init__(self, *, batch: str = _batches.PER_DEVICE, checkpoint_io: Optional[Any] = None, **kwargs: Any) -> None:
         _runtime.require_torch_xla()
+        self.batch = _batches.check_batch_meaning(batch)
+        self._described: set[str] = set()
         super().__init__(checkpoint_io=checkpoint_io if checkpoint_io is not None else XLACheckpointIO(), **kwargs)  # type: ignore[call-arg]
 
     def setup_environment(self) -> None:
@@ -75,8 +80,16 @@ class _OneProcessOverAMesh:
         return 0
 
     @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return {"num_replicas": 1, "rank": 0}
+    def distributed_sampler_kwargs(self) -> None:
+        """``None``: no sampler is injected; the loader's own order is dealt out to the devices."""
+        return None
+
+    @property
+    def num_devices(self) -> int:
+        """Devices of the mesh (of ``parallel_devices`` before setup)."""
+        if self._mesh is not None:
+            return int(self._mesh.size())
+        return len(getattr(self, "parallel_devices", None) or ()) or 1
 
     @property
     def mesh(self) -> Any:
@@ -109,15 +122,28 @@ class _OneProcessOverAMesh:
 
         return apply_to_collection(batch, Tensor, shard)
 
+    def global_batches(self, dataloader: Any, transform: Optional[Any] = None) -> _batches.GlobalBatches:
+        """``dataloader`` yielding one global batch per step, by the strategy's ``batch`` meaning.
+
+        Logs the per-device and global batch once per distinct description.
+        """
+        if isinstance(dataloader, _batches.GlobalBatches):
+            return dataloader
+        line = _batches.describe(dataloader, self.batch, self.num_devices)
+        if line not in self._described:
+            self._described.add(line)
+            rank_zero_info(f"trainer-plugins: xla_spmd: {line}")
+        per_step = _batches.loader_batches_per_step(self.batch, self.num_devices)
+        return _batches.GlobalBatches(dataloader, per_step, transform)
+
     def _as_global(self, tensor: Any, reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
-        """A reduction over one process: ``tensor`` itself (already global).
+        """A reduction over one process: ``tensor`` itself, already global (computed over the global batch).
 
         Raises:
-            ValueError: ``reduce_op`` is not sum, mean or avg (the ops of the multi-device strategy).
+            ValueError: ``reduce_op`` is not one Lightning supports (see
+                :func:`~xla_plugins.strategies._reduce.reduce_op_name`).
         """
-        op = reduce_op.lower() if isinstance(reduce_op, str) else reduce_op
-        if op is not None and op not in (*_REDUCE_OPS, ReduceOp.SUM):
-            raise ValueError(f"The SPMD strategy supports reduce_op in {_REDUCE_OPS}, got {reduce_op!r}")
+        reduce_op_name(reduce_op)
         return tensor if isinstance(tensor, Tensor) else torch.tensor(tensor, device=self.root_device)
 
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
@@ -131,7 +157,7 @@ class _OneProcessOverAMesh:
         """Nothing to wait for: one process."""
 
 
-class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, ParallelStrategy):  # type: ignore[misc]
+class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy):  # type: ignore[misc]
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
     ``torch_xla.runtime.use_spmd()`` turns the devices into one virtual device; the strategy builds a
@@ -140,15 +166,32 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, ParallelS
     gradient all-reduces. There is one process and no launcher, so nothing is pickled or forked,
     and it runs unpatched on PJRT CPU. It is how torch_xla scales to TPU pods.
 
+    **Batch meaning.** As for every Lightning multi-device strategy, the loader's ``batch_size`` is
+    the batch of one device (``batch="per_device"``, the default): each step joins N consecutive
+    loader batches into a global batch of ``batch_size x N``, device ``i`` trains on the ``i``-th,
+    and an epoch has as many steps as ``"xla"`` gives on the same devices and loader. No sampler is
+    injected, so the loader's order is kept (``shuffle=False`` stays in order) and custom samplers
+    and batch samplers work unchanged. ``batch="global"`` gives torch_xla's meaning instead: each
+    loader batch is the global batch, split N ways. The start-up log states both batches (see
+    :mod:`xla_plugins.strategies._batches`).
+
     Lightning's contract, for one process driving N devices: ``world_size`` is 1 and every rank is
-    0, so the distributed sampler (``{"num_replicas": 1, "rank": 0}``) gives each sample once per
-    epoch and the mesh splits each batch across devices; ``reduce``, ``all_gather`` and
-    ``broadcast`` see global tensors and return them as they are (a reduction over one process);
-    checkpoints hold full CPU tensors. The connector's ``is_distributed`` is ``True`` (the plugin
-    declares the strategy distributed). SPMD mode is process-wide and permanent in torch_xla: after
+    0; the connector's ``is_distributed`` is ``False`` (one process: no sampler injection, no
+    metric syncing, and Lightning's tuners such as the batch-size finder work; the finder scales
+    the per-device batch). ``reduce`` (sum, mean/avg, max, min), ``all_gather`` and ``broadcast``
+    see global tensors and return them as they are, which are the values one device or DDP give;
+    so ``self.log(..., sync_dist=True, reduce_fx=...)`` logs the right value. The device RNG is
+    seeded from torch's seed at setup (see :func:`~xla_plugins.strategies._seed.seed_device`).
+    Checkpoints hold full CPU tensors. SPMD mode is process-wide and permanent in torch_xla: after
     an SPMD run, later XLA runs in the same process also use the virtual device.
 
+    Args:
+        batch: ``"per_device"`` (default) or ``"global"``: what the loader's batch is.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as for
+            Lightning's ``ParallelStrategy`` (keywords).
+
     Raises:
+        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``.
         ModuleNotFoundError: torch_xla is not installed.
     """
 
@@ -174,6 +217,11 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, ParallelS
         self.model.to(self.root_device)  # parameters stay replicated on every device of the mesh
 
     @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """Yield one global batch per step (:meth:`global_batches`); :meth:`batch_to_device` shards it."""
+        return self.global_batches(dataloader)
+
+    @override
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None, dataloader_idx: int = 0) -> Any:
         """Run the module's batch-transfer hooks, then shard the batch over the mesh (:meth:`shard_batch`)."""
         return self.shard_batch(super().batch_to_device(batch, device, dataloader_idx))
@@ -194,31 +242,21 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, ParallelS
         self._mesh = None
 
 
-class _ShardedBatches:
-    """A dataloader whose batches arrive on the virtual device, sharded over the mesh."""
-
-    def __init__(self, loader: Any, strategy: _OneProcessOverAMesh) -> None:
-        self._loader = loader
-        self._strategy = strategy
-        self.dataset = getattr(loader, "dataset", None)
-        self.batch_sampler = getattr(loader, "batch_sampler", None)
-        self.sampler = getattr(loader, "sampler", None)
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self._loader:
-            yield self._strategy.shard_batch(batch)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-
-class FabricXLASPMDStrategy(_OneProcessOverAMesh, KeepsOptimizersOnMovedParameters, _FabricParallelStrategy):  # type: ignore[misc]
+class FabricXLASPMDStrategy(  # type: ignore[misc]
+    _OneProcessOverAMesh, SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _FabricParallelStrategy
+):
     """Fabric's counterpart of :class:`XLASPMDStrategy` (``"xla_spmd"``).
 
-    ``fabric.setup_dataloaders`` returns loaders whose batches arrive sharded over the mesh;
-    ``all_reduce``, ``all_gather`` and ``broadcast`` return global tensors as they are.
+    ``fabric.setup_dataloaders`` injects no sampler and returns loaders whose global batches (by
+    ``batch``, per device by default, as in :class:`XLASPMDStrategy`) arrive sharded over the mesh;
+    ``all_reduce`` (sum, mean/avg, max, min), ``all_gather`` and ``broadcast`` return global tensors
+    as they are. Optimizers follow the module's parameters to the device
+    (:class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and the
+    device RNG is seeded when a module is set up
+    (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`).
 
     Raises:
+        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``.
         ModuleNotFoundError: torch_xla is not installed.
     """
 
@@ -229,9 +267,11 @@ class FabricXLASPMDStrategy(_OneProcessOverAMesh, KeepsOptimizersOnMovedParamete
         cluster_environment: Optional[Any] = None,
         checkpoint_io: Optional[Any] = None,
         precision: Optional[Any] = None,
+        batch: str = _batches.PER_DEVICE,
     ) -> None:
         _runtime.require_torch_xla()
         super().__init__(
+            batch=batch,
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
@@ -246,7 +286,7 @@ class FabricXLASPMDStrategy(_OneProcessOverAMesh, KeepsOptimizersOnMovedParamete
 
     @override
     def process_dataloader(self, dataloader: Any) -> Any:
-        return _ShardedBatches(dataloader, self)
+        return self.global_batches(dataloader, transform=self.shard_batch)
 
     @override
     def all_reduce(

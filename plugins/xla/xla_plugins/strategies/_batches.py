@@ -1,0 +1,142 @@
+"""What a loader's batch means when one process drives a mesh of devices (the SPMD strategies).
+
+Every Lightning multi-device strategy (DDP, Lightning's ``XLAStrategy``, this plugin's ``xla``)
+reads a loader's ``batch_size`` as the batch of *one device*: N devices train on a global batch of
+``batch_size x N`` per optimizer step. torch_xla's SPMD examples read it as the *global* batch,
+split N ways. A strategy that drives a whole mesh from one process (``xla_spmd``, and later
+sharded strategies) chooses one of the two meanings here:
+
+* :data:`PER_DEVICE` (the default): the loader yields per-device batches; :class:`GlobalBatches`
+  joins N consecutive ones into the global batch of one step, so device ``i`` of the mesh trains
+  on the ``i``-th of them. An epoch has ``ceil(len(loader) / N)`` steps, as many as a
+  one-worker-per-device strategy gives on the same loader with ``drop_last=False``
+  (``ceil(ceil(size / N) / batch_size) == ceil(ceil(size / batch_size) / N)``). No sampler is
+  injected: the loader's own sampler or batch sampler decides the order (``shuffle=False`` keeps
+  it) and custom (batch) samplers work unchanged.
+* :data:`GLOBAL`: each loader batch is the global batch (torch_xla's meaning); an epoch has
+  ``len(loader)`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+#: The loader's ``batch_size`` is one device's batch; global batch = batch_size x devices.
+PER_DEVICE = "per_device"
+#: The loader's ``batch_size`` is the global batch, split across the devices (torch_xla's SPMD meaning).
+GLOBAL = "global"
+BATCH_MEANINGS = (PER_DEVICE, GLOBAL)
+
+
+def check_batch_meaning(batch: Any) -> str:
+    """Return ``batch`` if it is one of :data:`BATCH_MEANINGS`.
+
+    Raises:
+        ValueError: anything else, naming the value and the valid choices.
+    """
+    if isinstance(batch, str) and batch in BATCH_MEANINGS:
+        return batch
+    raise ValueError(f"`batch={batch!r}` is not a batch meaning. Choose one of {', '.join(map(repr, BATCH_MEANINGS))}.")
+
+
+def loader_batches_per_step(batch: str, devices: int) -> int:
+    """How many loader batches make one global batch: ``devices`` for :data:`PER_DEVICE`, else 1."""
+    return devices if check_batch_meaning(batch) == PER_DEVICE else 1
+
+
+def describe(loader: Any, batch: str, devices: int) -> str:
+    """One line for the start-up log: the per-device and the global batch of ``loader``'s steps."""
+    size = getattr(loader, "batch_size", None)
+    if check_batch_meaning(batch) == GLOBAL:
+        per_device = f"{size / devices:g}" if size else f"1/{devices} of a loader batch"
+        return (
+            f"batch={GLOBAL!r}: the loader's batch is the global batch ({size or 'batch sampler'}),"
+            f" split over {devices} devices (per-device batch {per_device})"
+        )
+    if size:
+        return (
+            f"per-device batch {size}, global batch {size * devices} ({size} x {devices} devices);"
+            f" batch={GLOBAL!r} makes the loader's batch_size the global batch"
+        )
+    return (
+        f"per-device batch: one batch of the loader's batch sampler, global batch: {devices} of them"
+        f" ({devices} devices); batch={GLOBAL!r} makes each loader batch the global batch"
+    )
+
+
+def concatenate(batches: Sequence[Any]) -> Any:
+    """Join per-device batches (one collate output each) into one batch along the first dimension.
+
+    Tensors of one or more dimensions are concatenated; mappings, tuples (named tuples too) and
+    lists of tensors or collections are joined field by field; lists of other values (strings,
+    numbers: a collated batch of them) are chained. Anything else (a scalar) is taken from the
+    first batch.
+    """
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    if isinstance(first, Tensor):
+        return torch.cat(list(batches)) if first.dim() > 0 else first
+    if isinstance(first, Mapping):
+        return type(first)({key: concatenate([batch[key] for batch in batches]) for key in first})  # type: ignore[call-arg]
+    if isinstance(first, tuple):
+        fields = [concatenate(column) for column in zip(*batches, strict=True)]
+        return type(first)(*fields) if hasattr(first, "_fields") else type(first)(fields)
+    if isinstance(first, list):
+        if first and all(isinstance(item, (Tensor, Mapping, list, tuple)) for item in first):
+            return [concatenate(column) for column in zip(*batches, strict=True)]
+        return [item for batch in batches for item in batch]
+    return first
+
+
+class GlobalBatches:
+    """A dataloader yielding global batches: ``per_step`` consecutive batches of ``loader`` joined.
+
+    The last global batch may join fewer batches (the epoch's remainder). ``transform`` is applied
+    to each global batch (a strategy's sharding). Attributes it does not define (``dataset``,
+    ``sampler``, ``batch_sampler``, ``batch_size``, ...) are those of ``loader``, so Lightning's
+    epoch setting and users' reads keep working.
+
+    Args:
+        loader: any iterable of batches (a ``DataLoader``).
+        per_step: loader batches per global batch (see :func:`loader_batches_per_step`), ``>= 1``.
+        transform: applied to every global batch, or ``None``.
+    """
+
+    def __init__(self, loader: Any, per_step: int, transform: Optional[Callable[[Any], Any]] = None) -> None:
+        if per_step < 1:
+            raise ValueError(f"per_step must be at least 1, got {per_step}")
+        self.__dict__.update(_loader=loader, _per_step=per_step, _transform=transform)
+
+    @property
+    def loader(self) -> Any:
+        """The wrapped loader."""
+        return self._loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_loader"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._loader, name, value)  # e.g. Lightning's worker_init_fn goes to the real loader
+
+    def __iter__(self) -> Iterator[Any]:
+        group: list[Any] = []
+        for batch in self._loader:
+            group.append(batch)
+            if len(group) == self._per_step:
+                yield self._emit(group)
+                group = []
+        if group:
+            yield self._emit(group)
+
+    def _emit(self, group: list[Any]) -> Any:
+        joined = concatenate(group)
+        return joined if self._transform is None else self._transform(joined)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self._loader) / self._per_step)

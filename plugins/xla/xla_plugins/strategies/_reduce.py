@@ -1,0 +1,56 @@
+"""Reductions across XLA replicas with the operations Lightning supports (sum, mean/avg, max, min)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from lightning.fabric.utilities.types import ReduceOp
+from torch import Tensor
+
+#: Lightning's reduce operations (``reduce_fx``/``reduce_op`` names) -> torch_xla's reduce type.
+REDUCE_OPS = {"sum": "sum", "mean": "sum", "avg": "sum", "max": "max", "min": "min"}
+_ENUM_NAMES = {"SUM": "sum", "AVG": "avg", "MAX": "max", "MIN": "min"}
+
+
+def reduce_op_name(reduce_op: Optional[Union[ReduceOp, str]]) -> str:
+    """The lower-case name of ``reduce_op``: ``"sum"``, ``"mean"``, ``"avg"``, ``"max"`` or ``"min"``.
+
+    ``None`` means ``"mean"`` (Lightning's default). ``torch.distributed.ReduceOp`` members SUM, AVG,
+    MAX and MIN are accepted as DDP accepts them.
+
+    Raises:
+        ValueError: any other operation, naming it and listing the valid ones.
+    """
+    if reduce_op is None:
+        return "mean"
+    name = reduce_op.lower() if isinstance(reduce_op, str) else None
+    if name is None:
+        name = next((value for key, value in _ENUM_NAMES.items() if reduce_op == getattr(ReduceOp, key, None)), None)
+    if name not in REDUCE_OPS:
+        raise ValueError(
+            f"XLA strategies reduce with one of {', '.join(map(repr, REDUCE_OPS))} (or ReduceOp SUM, AVG, MAX, MIN),"
+            f" got reduce_op={reduce_op!r}"
+        )
+    return name
+
+
+def all_reduce(
+    tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]], world_size: int, device: Any
+) -> Tensor:
+    """Reduce ``tensor`` over all replicas with ``xm.all_reduce``, as DDP's ``reduce`` does over ranks.
+
+    Every replica must call it (it is a collective). A non-tensor is first made a tensor on
+    ``device``. ``mean``/``avg`` sum, then divide by ``world_size`` (Lightning's rule, as for DDP on
+    gloo), so an integer tensor's mean is floating point.
+
+    Raises:
+        ValueError: unsupported ``reduce_op`` (see :func:`reduce_op_name`).
+    """
+    import torch_xla.core.xla_model as xm
+
+    name = reduce_op_name(reduce_op)
+    if not isinstance(tensor, Tensor):
+        tensor = torch.tensor(tensor, device=device)
+    reduced = xm.all_reduce(REDUCE_OPS[name], tensor) if world_size > 1 else tensor
+    return reduced / world_size if name in ("mean", "avg") else reduced
