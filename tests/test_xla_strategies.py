@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from unittest import mock
 
 import pytest
@@ -145,6 +146,8 @@ def test_global_batches_join_per_device_batches_field_by_field():
     grouped = GlobalBatches(loader, per_step=2)
     assert len(grouped) == 3 and [b[0].tolist() for b in grouped] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert grouped.dataset is loader.dataset and grouped.batch_size == 2
+    copied = copy.copy(grouped)
+    assert copied.loader is loader and len(copied) == 3
 
 
 def test_device_stats_are_empty_where_the_runtime_has_no_memory_statistics():

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 SIZE, BATCH = 62, 4
+SEEDS = (("1", 1), ("1 again", 1), ("2", 2))
 SPMD = False
 
 
@@ -115,7 +116,9 @@ def trained_weights(args: argparse.Namespace, seed: int, name: str) -> list[floa
     model = Probe(os.path.join(args.out, f"seed {name}"), dropout=0.5)  # the same initial weights for every seed
     os.makedirs(model.out)
     L.seed_everything(seed)
-    trainer = quiet_trainer(accelerator="xla", devices=args.devices, strategy=args.strategy, max_steps=3)
+    trainer = quiet_trainer(
+        accelerator="xla", devices=args.devices, strategy=args.strategy, max_steps=3, use_distributed_sampler=False
+    )  # no sampler seeded from PL_GLOBAL_SEED: only the device RNG can tell the seeds apart
     trainer.fit(model, DataLoader(indexed(SIZE), batch_size=BATCH))
     return [p.detach().cpu().flatten().tolist()[:8] for p in model.parameters()][0]
 
@@ -145,9 +148,26 @@ def one_fabric_path(fabric: L.Fabric, path: str) -> str:
     return "trains" if not torch.equal(model.weight.detach().cpu(), before) else "DID NOT TRAIN"
 
 
+def fabric_seeded_weights(fabric: L.Fabric, seed: int, initial: dict) -> list[float]:
+    """``fabric.seed_everything(seed)``, then two steps of a model with dropout from ``initial`` weights."""
+    fabric.seed_everything(seed)
+    module = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1))
+    module.load_state_dict(initial)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
+    x = torch.ones(8, 4).to(fabric.device)
+    for _ in range(2):
+        fabric.backward(model(x).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    return module[0].weight.detach().cpu().flatten().tolist()[:8]
+
+
 def all_fabric_paths(fabric: L.Fabric, out: str) -> None:
     paths = ("setup", "setup_module_then_setup_optimizers", "optimizer_after_setup_module")
-    report = {path: one_fabric_path(fabric, path) for path in paths}
+    report: dict = {path: one_fabric_path(fabric, path) for path in paths}
+    torch.manual_seed(0)
+    initial = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1)).state_dict()
+    report["seeds"] = {name: fabric_seeded_weights(fabric, seed, initial) for name, seed in SEEDS}
     if fabric.global_rank == 0:
         with open(os.path.join(out, "fabric.json"), "w") as file:
             json.dump(report, file)
@@ -196,23 +216,23 @@ def spmd_only(args: argparse.Namespace) -> dict:
     trainer.fit(Probe(out), DataLoader(indexed(SIZE), batch_size=BATCH))
     report["global_steps"] = len(rows(out, "step")[0])
 
-    out = os.path.join(args.out, "finder")
+    report["finder"] = {
+        accelerator: find_batch_size(os.path.join(args.out, f"finder-{accelerator}"), accelerator=accelerator, **flags)
+        for accelerator, flags in (("xla", {"devices": args.devices, "strategy": args.strategy}), ("cpu", {}))
+    }
+    return report
+
+
+def find_batch_size(out: str, **flags: object) -> dict:
+    """Lightning's batch-size finder (power scaling from 2, two trials): its choice and the model's batch_size."""
     os.makedirs(out)
     finder = BatchSizeFinder(mode="power", init_val=2, max_trials=2, steps_per_trial=1)
     model = Probe(out)
     model.train_dataloader = lambda: DataLoader(indexed(SIZE), batch_size=model.batch_size)  # type: ignore[method-assign]
     model.val_dataloader = lambda: DataLoader(TensorDataset(torch.arange(16.0)), batch_size=8)  # type: ignore[method-assign]
-    trainer = quiet_trainer(
-        accelerator="xla",
-        devices=args.devices,
-        strategy=args.strategy,
-        max_steps=1,
-        callbacks=[finder],
-        default_root_dir=out,
-    )
+    trainer = quiet_trainer(max_steps=1, callbacks=[finder], default_root_dir=out, **flags)
     trainer.fit(model)
-    report["finder"] = {"optimal": finder.optimal_batch_size, "model": model.batch_size}
-    return report
+    return {"optimal": finder.optimal_batch_size, "model": model.batch_size}
 
 
 def main() -> None:
@@ -229,7 +249,7 @@ def main() -> None:
 
         xla_cpu_harness.install()
     report = fit_and_validate(args, os.path.join(args.out, "fit"))
-    report["seeds"] = {name: trained_weights(args, seed, name) for name, seed in (("1", 1), ("1 again", 1), ("2", 2))}
+    report["seeds"] = {name: trained_weights(args, seed, name) for name, seed in SEEDS}
     if SPMD:
         report.update(spmd_only(args))
     # Last: a backward pass in this process would be inherited, half set up, by later forked workers.

@@ -119,7 +119,10 @@ class GlobalBatches:
         return self._loader
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_loader"], name)
+        loader = self.__dict__.get("_loader")
+        if loader is None or name.startswith("__"):  # unset while copied or unpickled; no dunder lookups
+            raise AttributeError(name)
+        return getattr(loader, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._loader, name, value)  # e.g. Lightning's worker_init_fn goes to the real loader

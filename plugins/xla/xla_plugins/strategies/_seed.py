@@ -40,16 +40,13 @@ class SeedsDeviceAtSetup:
 class SeedsDeviceWithModule:
     """Mixin for Fabric strategies: seed the device when a module is moved to it.
 
-    Fabric users seed (``fabric.seed_everything``) after ``launch()`` and before ``setup``; the device
-    is seeded again only when torch's seed changed since.
+    Fabric users seed (``fabric.seed_everything``) after ``launch()`` and before ``setup``, so each
+    ``setup``/``setup_module`` starts the device RNG from the seed last set, as the seeding itself
+    starts CUDA's.
     """
 
     root_device: Any
 
     def module_to_device(self, module: Module) -> None:
-        # Keyed by device: a worker driving several devices runs one replica thread per device.
-        seeds: dict[str, int] = self.__dict__.setdefault("_device_seeds", {})
-        device = str(self.root_device)
-        if seeds.get(device) != torch.initial_seed():
-            seeds[device] = seed_device(device)
+        seed_device(self.root_device)
         super().module_to_device(module)  # type: ignore[misc]
