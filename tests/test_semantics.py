@@ -143,6 +143,14 @@ def test_spmd_trains_with_a_plain_sampler_of_index_lists_as_batch_sampler(tmp_pa
     assert seen == list(range(SIZE))
 
 
+def test_spmd_prediction_writers_get_the_indices_of_each_global_batch(tmp_path_factory):
+    """A shuffled loader of 62 samples, batch_size 4: each step's batch_indices are the samples it predicted."""
+    steps = report("xla_spmd", tmp_path_factory)[0]["predicted"]
+    assert [len(indices) for indices, _ in steps] == [16, 16, 16, 14]
+    assert all(indices == predicted for indices, predicted in steps)
+    assert sorted(i for indices, _ in steps for i in indices) == list(range(SIZE))
+
+
 def test_spmd_batch_global_gives_torch_xlas_meaning(tmp_path_factory):
     """XLASPMDStrategy(batch="global"): each loader batch is the global batch, so ceil(62 / 4) = 16 steps."""
     assert report("xla_spmd", tmp_path_factory)[0]["global_steps"] == math.ceil(SIZE / BATCH)

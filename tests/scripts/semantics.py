@@ -22,7 +22,7 @@ import sys
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import BatchSizeFinder
+from lightning.pytorch.callbacks import BasePredictionWriter, BatchSizeFinder
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
@@ -215,6 +215,23 @@ def spmd_only(args: argparse.Namespace) -> dict:
     trainer = quiet_trainer(accelerator="xla", strategy=XLASPMDStrategy(batch="global"), max_epochs=1)
     trainer.fit(Probe(out), DataLoader(indexed(SIZE), batch_size=BATCH))
     report["global_steps"] = len(rows(out, "step")[0])
+
+    class Writer(BasePredictionWriter):
+        """Keeps, per step, the batch indices Lightning hands prediction writers and the predicted sample ids."""
+
+        def __init__(self) -> None:
+            super().__init__("batch")
+            self.steps: list[list[list[int]]] = []
+
+        def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+            self.steps.append([list(batch_indices), prediction.cpu().tolist()])
+
+    writer = Writer()
+    model = Probe(args.out)
+    model.predict_step = lambda batch, batch_idx: batch[1]  # type: ignore[method-assign]
+    trainer = quiet_trainer(accelerator="xla", devices=args.devices, strategy=args.strategy, callbacks=[writer])
+    trainer.predict(model, DataLoader(indexed(SIZE), batch_size=BATCH, shuffle=True), return_predictions=False)
+    report["predicted"] = writer.steps
 
     report["finder"] = {
         accelerator: find_batch_size(os.path.join(args.out, f"finder-{accelerator}"), accelerator=accelerator, **flags)

@@ -19,6 +19,7 @@ sharded strategies) chooses one of the two meanings here:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Optional
@@ -118,6 +119,19 @@ class GlobalBatches:
         """The wrapped loader."""
         return self._loader
 
+    @property
+    def batch_sampler(self) -> Any:
+        """The loader's batch sampler; in prediction, a view whose seen indices are joined per step.
+
+        Lightning's prediction loop reads the indices of step ``i`` (for prediction writers) as
+        ``batch_sampler.seen_batch_indices[i]``; the view joins them as the batches are joined.
+        """
+        inner = getattr(self._loader, "batch_sampler", None)
+        index_wrapper = _index_wrapper_class()
+        if self._per_step == 1 or index_wrapper is None or not isinstance(inner, index_wrapper):
+            return inner
+        return _joined_index_view(index_wrapper)(inner, self._per_step)
+
     def __getattr__(self, name: str) -> Any:
         loader = self.__dict__.get("_loader")
         if loader is None or name.startswith("__"):  # unset while copied or unpickled; no dunder lookups
@@ -143,3 +157,37 @@ class GlobalBatches:
 
     def __len__(self) -> int:
         return math.ceil(len(self._loader) / self._per_step)
+
+
+def _index_wrapper_class() -> Optional[type]:
+    """Lightning's (private) ``_IndexBatchSamplerWrapper``, which records a prediction's batch indices."""
+    try:
+        from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
+    except ImportError:  # pragma: no cover - every supported Lightning has it (2.5, 2.6)
+        return None
+    return _IndexBatchSamplerWrapper
+
+
+@functools.cache
+def _joined_index_view(base: type) -> type:
+    """A read-only ``base`` (``_IndexBatchSamplerWrapper``) whose ``seen_batch_indices`` are joined per step."""
+
+    class JoinedIndexBatches(base):  # type: ignore[misc, valid-type]
+        def __init__(self, inner: Any, per_step: int) -> None:  # base's __init__ is not called on purpose
+            self.__dict__.update(_inner=inner, _per_step=per_step)
+
+        @property  # type: ignore[misc]
+        def seen_batch_indices(self) -> list[list[int]]:
+            seen, step = self._inner.seen_batch_indices, self._per_step
+            return [[i for batch in seen[start : start + step] for i in batch] for start in range(0, len(seen), step)]
+
+        def __len__(self) -> int:
+            return math.ceil(len(self._inner) / self._per_step)
+
+        def __getattr__(self, name: str) -> Any:
+            inner = self.__dict__.get("_inner")
+            if inner is None or name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(inner, name)
+
+    return JoinedIndexBatches
