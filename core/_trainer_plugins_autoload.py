@@ -17,13 +17,22 @@ import os
 import sys
 
 AUTOLOAD_VARIABLE = "TRAINER_PLUGINS_AUTOLOAD"
-#: The package after whose import the hook attaches (its ``__init__`` imports Trainer and Fabric).
-WATCHED_MODULE = "lightning"
-#: (Lightning module, the class name it builds a connector from, our replacement in trainer_plugins._lightning).
+#: The packages after whose import the hook attaches: the unified ``lightning`` (its ``__init__``
+#: imports Trainer and Fabric) and the standalone ``pytorch_lightning`` and ``lightning_fabric``.
+WATCHED_MODULES = ("lightning", "pytorch_lightning", "lightning_fabric")
+#: The module serving each Lightning packaging: ours, and its twin built on the standalone packages.
+ADAPTERS = {
+    "lightning": "trainer_plugins._lightning",
+    "pytorch_lightning": "trainer_plugins._standalone.trainer_plugins._lightning",
+}
+#: (packaging, Lightning module, the class name it builds a connector from, our replacement in the adapter).
 TARGETS = (
-    ("lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
-    ("lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
-    ("lightning.fabric.fabric", "_Connector", "FabricConnector"),
+    ("lightning", "lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
+    ("lightning", "lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
+    ("lightning", "lightning.fabric.fabric", "_Connector", "FabricConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
+    ("pytorch_lightning", "lightning_fabric.fabric", "_Connector", "FabricConnector"),
 )
 _originals: dict = {}
 
@@ -49,10 +58,10 @@ def autoload_enabled(value):
 
 
 class LightningImportHook:
-    """A ``sys.meta_path`` finder that attaches trainer-plugins right after ``lightning`` executes."""
+    """A ``sys.meta_path`` finder that attaches trainer-plugins right after a Lightning package executes."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != WATCHED_MODULE:
+        if fullname not in WATCHED_MODULES:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -79,13 +88,13 @@ def _attach_after_exec(loader):
     loader.exec_module = exec_and_attach
 
 
-def _connector_factory(class_name):
+def _connector_factory(package, class_name):
     """A stand-in for Lightning's connector class that builds ours, importing it on first use."""
 
     def build_connector(*args, **kwargs):
-        from trainer_plugins import _lightning
+        from importlib import import_module
 
-        return getattr(_lightning, class_name)(*args, **kwargs)
+        return getattr(import_module(ADAPTERS[package]), class_name)(*args, **kwargs)
 
     build_connector.trainer_plugins_connector = class_name  # type: ignore[attr-defined]
     return build_connector
@@ -93,12 +102,13 @@ def _connector_factory(class_name):
 
 def attach():
     """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent)."""
-    for module_name, attribute, class_name in TARGETS:
+    for package, module_name, attribute, class_name in TARGETS:
         module = sys.modules.get(module_name)
-        if module is None or _is_ours(getattr(module, attribute, None)):
+        original = getattr(module, attribute, None)
+        if original is None or _is_ours(original):  # not imported, still importing, or attached
             continue
-        _originals[(module_name, attribute)] = getattr(module, attribute)
-        setattr(module, attribute, _connector_factory(class_name))
+        _originals[(module_name, attribute)] = original
+        setattr(module, attribute, _connector_factory(package, class_name))
 
 
 def detach():
@@ -109,11 +119,12 @@ def detach():
 
 
 def attached():
-    """Whether every Lightning module of :data:`TARGETS` currently builds the plugin-aware connectors."""
-    return all(
-        module_name in sys.modules and _is_ours(getattr(sys.modules[module_name], attribute, None))
-        for module_name, attribute, _ in TARGETS
-    )
+    """Whether every imported Lightning module of :data:`TARGETS` builds the plugin-aware connectors.
+
+    ``False`` while no Lightning Trainer or Fabric module is imported.
+    """
+    imported = [(name, attribute) for _, name, attribute, _ in TARGETS if name in sys.modules]
+    return bool(imported) and all(_is_ours(getattr(sys.modules[name], attribute, None)) for name, attribute in imported)
 
 
 def _is_ours(obj):
@@ -127,5 +138,16 @@ def arm():
     except ValueError as error:
         sys.stderr.write(f"trainer-plugins: {error}; automatic registration stays off\n")
         return
-    if enabled and not any(_is_hook(finder) for finder in sys.meta_path):
+    if enabled:
+        watch()
+
+
+def watch():
+    """Install the import hook, whatever ``TRAINER_PLUGINS_AUTOLOAD`` says (idempotent)."""
+    if not any(_is_hook(finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, LightningImportHook())
+
+
+def unwatch():
+    """Remove the import hook: Lightning packages imported from now on keep their own connectors."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not _is_hook(finder)]

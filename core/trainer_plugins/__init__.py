@@ -32,6 +32,7 @@ _EXPORTS = {
         "is_distributed",
     ),
     "trainer_plugins._versions": ("unsupported_versions",),
+    "trainer_plugins._standalone": ("package_of", "resolve_in"),
     "trainer_plugins._install": ("install", "installed", "uninstall"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -25,6 +25,7 @@ from trainer_plugins._manager import (
     get_plugin_manager,
     on_reset,
 )
+from trainer_plugins._standalone import PACKAGES
 
 
 class PluginConflictError(PluginError):
@@ -190,9 +191,12 @@ class Catalog:
         """Loaded class -> the claims naming it (plugin claims first); never imports."""
         by_class: dict[type, list[Claim]] = {}
         for claim in self.claims.get(role, {}).values():
-            cls = claim.entry.loaded_class(api) if claim.live else None
-            if cls is not None:
-                by_class.setdefault(cls, []).append(claim)
+            if not claim.live:
+                continue
+            for package in PACKAGES:  # Lightning's unified and standalone packagings have their own classes
+                cls = claim.entry.loaded_class(api, package)
+                if cls is not None and claim not in by_class.get(cls, []):
+                    by_class.setdefault(cls, []).append(claim)
         for claims in by_class.values():
             claims.sort(key=lambda claim: claim.builtin)
         return by_class

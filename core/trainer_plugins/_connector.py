@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import asdict, dataclass, replace
-from pkgutil import resolve_name
 from typing import Any, Optional, Union
 
 from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
@@ -19,6 +18,7 @@ from trainer_plugins._catalog import Catalog, Claim, get_catalog
 from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
 from trainer_plugins._manager import BUILTIN_PLUGIN, PluginError, Run
+from trainer_plugins._standalone import PACKAGES, resolve_in
 
 #: Lightning's import root for each api.
 LIGHTNING_ROOT = {"trainer": "lightning.pytorch", "fabric": "lightning.fabric"}
@@ -74,15 +74,20 @@ class Connector:
     Args:
         api: ``"trainer"`` (``lightning.Trainer``) or ``"fabric"`` (``lightning.Fabric``).
         catalog: the declared names; default the process-wide catalogue.
+        package: the Lightning packaging of the run: ``"lightning"`` or ``"pytorch_lightning"``
+            (``pytorch_lightning.Trainer``/``lightning_fabric.Fabric``); classes are built for it.
 
     Raises:
-        ValueError: unknown ``api``.
+        ValueError: unknown ``api`` or ``package``.
     """
 
-    def __init__(self, api: str, catalog: Optional[Catalog] = None) -> None:
+    def __init__(self, api: str, catalog: Optional[Catalog] = None, package: str = "lightning") -> None:
         if api not in APIS:
             raise ValueError(f"api must be one of {APIS}, got {api!r}")
+        if package not in PACKAGES:
+            raise ValueError(f"package must be one of {PACKAGES}, got {package!r}")
         self.api = api
+        self.package = package
         self._catalog = catalog if catalog is not None else get_catalog()
         # the plugin manager's controls (read before plugins loaded), with the pins as they are now
         self.controls = replace(self._catalog.manager.controls, pins=read_pins())
@@ -142,7 +147,9 @@ class Connector:
         path = claim.entry.class_path(self.api)
         action = f"loading {claim.entry.role} class {path}"
         manager = self.catalog.manager
-        return manager.guard(claim.plugin, action, claim.entry.load, self.api, passthrough=(ModuleNotFoundError,))
+        return manager.guard(
+            claim.plugin, action, claim.entry.load, self.api, self.package, passthrough=(ModuleNotFoundError,)
+        )
 
     # --- names -----------------------------------------------------------------------------------
 
@@ -388,7 +395,9 @@ class Connector:
                 "strategy", "ddp", "trainer-plugins", "plugin accelerator without a strategy choice, several devices"
             )
             return "ddp"
-        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")(device=parallel_devices[0])
+        single = resolve_in(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy", self.package)(
+            device=parallel_devices[0]
+        )
         self.note(
             "strategy",
             single,
@@ -406,7 +415,7 @@ class Connector:
         if claim is None:
             return None
         cls = self.load_class(claim)
-        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")
+        single = resolve_in(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy", self.package)
         device = {"device": parallel_devices[0]} if issubclass(cls, single) else {}
         strategy = self._instantiate(claim, **device)
         self.note("strategy", f"{claim.name} ({describe(strategy)})", claim.plugin.label, "registered name")
@@ -428,7 +437,7 @@ class Connector:
                 an explicit ``devices`` of more than one device; the message names both flags.
         """
         flags = flags or {}
-        single = resolve_name(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy")
+        single = resolve_in(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy", self.package)
         if isinstance(strategy, single) and len(parallel_devices) > 1 and flags.get("devices", "auto") != "auto":
             name = flags.get("strategy") if isinstance(flags.get("strategy"), str) else describe(strategy)
             raise ValueError(
@@ -477,10 +486,10 @@ class Connector:
     def distributed_strategies(self) -> tuple[type, ...]:
         """The whitelist: Lightning's distributed strategies plus every strategy a plugin declared distributed."""
         if self._whitelist is None:
-            classes = [resolve_name(path) for path in DISTRIBUTED_STRATEGIES[self.api]]
+            classes = [resolve_in(path, self.package) for path in DISTRIBUTED_STRATEGIES[self.api]]
             for claim in self.catalog.claims.get("strategy", {}).values():
                 declared = claim.live and getattr(claim.entry, "distributed", False)
-                cls = claim.entry.loaded_class(self.api) if declared else None
+                cls = claim.entry.loaded_class(self.api, self.package) if declared else None
                 if cls is not None and cls not in classes:
                     classes.append(cls)
             self._whitelist = tuple(classes)

@@ -6,8 +6,9 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from pkgutil import resolve_name
 from typing import Any, ClassVar, Optional
+
+from trainer_plugins._standalone import path_in, resolve_in
 
 #: The Lightning flavours an entry can serve: ``lightning.Trainer`` and ``lightning.Fabric``.
 APIS = ("trainer", "fabric")
@@ -78,8 +79,14 @@ class _Entry:
             raise ValueError(f"api must be one of {APIS}, got {api!r}")
         return self.trainer if api == "trainer" else self.fabric
 
-    def load(self, api: str) -> type:
-        """Import and return the class for ``api``.
+    def load(self, api: str, package: str = "lightning") -> type:
+        """Import and return the class for ``api`` and Lightning ``package``.
+
+        Args:
+            api: ``"trainer"`` or ``"fabric"``.
+            package: ``"lightning"`` (default) or ``"pytorch_lightning"``: the standalone packages get
+                the class's twin built on ``pytorch_lightning``/``lightning_fabric``
+                (:mod:`trainer_plugins._standalone`).
 
         Raises:
             LookupError: the entry has no class for this api.
@@ -89,19 +96,20 @@ class _Entry:
         path = self.class_path(api)
         if path is None:
             raise LookupError(f"{self.role} {self.name!r} is not available for lightning.{api.capitalize()}")
-        cls = resolve_name(path)
-        base = resolve_name(ROLE_BASES[(self.role, api)])
+        cls = resolve_in(path, package)
+        base = resolve_in(ROLE_BASES[(self.role, api)], package)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise TypeError(
                 f"{self.role} {self.name!r}: {path} must be a subclass of {base.__module__}.{base.__name__}"
             )
         return cls
 
-    def loaded_class(self, api: str) -> Optional[type]:
-        """The class for ``api`` if its module is already imported, else ``None`` (never imports)."""
+    def loaded_class(self, api: str, package: str = "lightning") -> Optional[type]:
+        """The class for ``api`` and ``package`` if its module is already imported, else ``None`` (never imports)."""
         path = self.class_path(api)
         if path is None:
             return None
+        path = path_in(path, package)
         module_name, _, qualname = path.partition(":")
         obj: Any = sys.modules.get(module_name)
         for part in qualname.split("."):

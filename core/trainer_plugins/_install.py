@@ -8,7 +8,9 @@ import _trainer_plugins_autoload as _autoload
 def install() -> None:
     """Make ``lightning.Trainer`` and ``lightning.Fabric`` ask the plugins (imports Lightning; idempotent).
 
-    This is what the start-up hook does automatically unless ``TRAINER_PLUGINS_AUTOLOAD=0``.
+    ``pytorch_lightning.Trainer`` and ``lightning_fabric.Fabric`` are attached too: now if imported,
+    else when they are imported. This is what the start-up hook does automatically unless
+    ``TRAINER_PLUGINS_AUTOLOAD=0``.
 
     Raises:
         ControlError: a control variable (``TRAINER_PLUGINS_*``) holds an unreadable value; nothing
@@ -19,14 +21,16 @@ def install() -> None:
     Controls.from_env()  # an unreadable control fails here, once, not in every Trainer
     import lightning  # noqa: F401 - loads the Trainer and Fabric modules
 
+    _autoload.watch()
     _autoload.attach()
 
 
 def uninstall() -> None:
-    """Give ``lightning.Trainer`` and ``lightning.Fabric`` back Lightning's own connectors."""
+    """Give every Lightning Trainer and Fabric back Lightning's own connectors (and stop watching imports)."""
+    _autoload.unwatch()
     _autoload.detach()
 
 
 def installed() -> bool:
-    """Whether both Trainer and Fabric currently build the plugin-aware connectors."""
+    """Whether the imported Lightning packages' Trainer and Fabric build the plugin-aware connectors."""
     return bool(_autoload.attached())

@@ -7,6 +7,8 @@ private methods (unchanged from Lightning 2.0 to 2.6). :class:`TrainerConnector`
 plugins through :class:`~trainer_plugins._connector.Connector` first and falls back to Lightning's
 own method when no plugin answers. :func:`trainer_plugins.install` (or the start-up hook) makes
 ``trainer.py``/``fabric.py`` build the subclasses instead; nothing else in Lightning is touched.
+For ``pytorch_lightning``/``lightning_fabric`` the same source runs as its twin
+(:mod:`trainer_plugins._standalone`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import LIGHTNING_RULE, Connector
 from trainer_plugins._manager import BUILTIN_PLUGIN
+from trainer_plugins._standalone import package_of_module
 from trainer_plugins._versions import warn_unsupported_versions
+
+#: The Lightning packaging this copy of the module adapts: this source serves ``lightning``; its twin
+#: ``trainer_plugins._standalone.trainer_plugins._lightning`` (imports renamed) ``pytorch_lightning``.
+PACKAGE = package_of_module(__name__)
 
 warn_unsupported_versions("trainer-plugins", ["lightning"])
 
@@ -56,7 +63,7 @@ class _PluginConnectorMixin:
     def _check_config_and_set_final_flags(
         self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any
     ) -> None:
-        connector = self.plugin_connector = Connector(self._api)
+        connector = self.plugin_connector = Connector(self._api, package=PACKAGE)
         lightning_accelerators = getattr(self, self._accelerator_names_attr)
         lightning_strategies = self._registered_strategies
         connector.check_name("accelerator", accelerator, list(lightning_accelerators))

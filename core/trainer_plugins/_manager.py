@@ -18,7 +18,6 @@ from contextlib import contextmanager, redirect_stdout
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from pkgutil import resolve_name
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -29,6 +28,7 @@ from trainer_plugins import _hookspecs
 from trainer_plugins._controls import PREFIX as CONTROL_PREFIX
 from trainer_plugins._controls import PROBE_TIMEOUT_VARIABLE, Controls, on_change
 from trainer_plugins._entries import APIS, ENTRY_TYPES, ROLE_BASES
+from trainer_plugins._standalone import package_of, resolve_in
 
 log = logging.getLogger("trainer_plugins")
 
@@ -596,7 +596,7 @@ def _wrong_kind(hook_name: str, result: Any, api: Any) -> str:
         return "" if isinstance(result, Mapping) else f"{_kind(result)}; expected a dict or None"
     if hook_name in _DECISION_KINDS and api in APIS:
         role, names_allowed = _DECISION_KINDS[hook_name]
-        base = resolve_name(ROLE_BASES[(role, api)])
+        base = resolve_in(ROLE_BASES[(role, api)], package_of(result))  # lightning's or pytorch_lightning's
         if isinstance(result, base) or (names_allowed and isinstance(result, str) and result):
             return ""
         wanted = f"a {base.__module__}.{base.__qualname__} instance" + (

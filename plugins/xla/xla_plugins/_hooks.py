@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from trainer_plugins import AcceleratorEntry, EnvironmentEntry, PrecisionEntry, StrategyEntry, hookimpl
+from trainer_plugins import (
+    AcceleratorEntry,
+    EnvironmentEntry,
+    PrecisionEntry,
+    StrategyEntry,
+    hookimpl,
+    package_of,
+    resolve_in,
+)
 
 TRAINER_PLUGINS_API = ">=1.0,<2"
 
@@ -104,10 +112,14 @@ def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
     return auto_candidate()
 
 
-def _is_xla_accelerator(accelerator: Any) -> bool:
-    from lightning.fabric.accelerators.xla import XLAAccelerator
+# The hooks serve both Lightning packagings (``lightning`` and ``pytorch_lightning``): each class is
+# looked up in the packaging of the objects the hook is given (``trainer_plugins.resolve_in``).
 
-    return isinstance(accelerator, XLAAccelerator)
+
+def _is_xla_accelerator(accelerator: Any) -> bool:
+    return isinstance(
+        accelerator, resolve_in("lightning.fabric.accelerators.xla:XLAAccelerator", package_of(accelerator))
+    )
 
 
 class _XLAStrategies(NamedTuple):
@@ -118,25 +130,19 @@ class _XLAStrategies(NamedTuple):
     one_worker_per_device: tuple[type, ...]
 
 
-def _xla_strategies(api: str) -> _XLAStrategies:
-    single: tuple[type, ...]
-    spawn: tuple[type, ...]
-    spmd: type
+def _xla_strategies(api: str, package: str) -> _XLAStrategies:
+    def classes(*paths: str) -> tuple[type, ...]:
+        return tuple(resolve_in(path, package) for path in paths)
+
     if api == "trainer":
-        from lightning.pytorch.strategies import SingleDeviceXLAStrategy, XLAStrategy
-
-        from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
-
-        single, spawn, spmd = (SingleDeviceXLAStrategy,), (XLAStrategy,), XLASPMDStrategy
+        single = classes("lightning.pytorch.strategies:SingleDeviceXLAStrategy")
+        spawn = classes("lightning.pytorch.strategies:XLAStrategy")
+        spmd = classes(f"{_PKG}.strategies.xla_spmd:XLASPMDStrategy")
     else:
-        from lightning.fabric.strategies import SingleDeviceXLAStrategy as FabricSingle
-        from lightning.fabric.strategies import XLAFSDPStrategy
-        from lightning.fabric.strategies import XLAStrategy as FabricXLA
-
-        from xla_plugins.strategies.xla_spmd import FabricXLASPMDStrategy
-
-        single, spawn, spmd = (FabricSingle,), (FabricXLA, XLAFSDPStrategy), FabricXLASPMDStrategy
-    return _XLAStrategies(single + spawn + (spmd,), spawn + (spmd,), spawn)
+        single = classes("lightning.fabric.strategies:SingleDeviceXLAStrategy")
+        spawn = classes("lightning.fabric.strategies:XLAStrategy", "lightning.fabric.strategies:XLAFSDPStrategy")
+        spmd = classes(f"{_PKG}.strategies.xla_spmd:FabricXLASPMDStrategy")
+    return _XLAStrategies(single + spawn + spmd, spawn + spmd, spawn)
 
 
 @hookimpl
@@ -162,11 +168,11 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
 
 @hookimpl
 def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_input: Any, api: str) -> Any:
-    if not (_is_xla_accelerator(accelerator) or isinstance(strategy, _xla_strategies(api).every)):
+    package = package_of(accelerator)
+    if not (_is_xla_accelerator(accelerator) or isinstance(strategy, _xla_strategies(api, package).every)):
         return None
-    from xla_plugins.precision import FabricXLAPrecision, XLAPrecision
-
-    precision_class = XLAPrecision if api == "trainer" else FabricXLAPrecision
+    name = "XLAPrecision" if api == "trainer" else "FabricXLAPrecision"
+    precision_class = resolve_in(f"{_PKG}.precision:{name}", package)
     return precision_class("32-true" if precision_input is None else precision_input)
 
 
@@ -174,14 +180,12 @@ def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_
 def trainer_plugins_select_environment(accelerator: Any) -> Any:
     if not _is_xla_accelerator(accelerator):
         return None
-    from xla_plugins.environment import XLAEnvironment
-
-    return XLAEnvironment()
+    return resolve_in(f"{_PKG}.environment:XLAEnvironment", package_of(accelerator))()
 
 
 @hookimpl
 def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: list[Any], api: str) -> None:
-    strategies = _xla_strategies(api)
+    strategies = _xla_strategies(api, package_of(accelerator))
     on_xla = _is_xla_accelerator(accelerator)
     if on_xla and not isinstance(strategy, strategies.every):
         raise ValueError(
