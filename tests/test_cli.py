@@ -46,7 +46,7 @@ def test_explain_gives_the_decisions_as_json():
 def test_explain_reports_rejected_flags_with_exit_status_1():
     result = cli("explain", "--accelerator", "cpu", "--strategy", "warp_drive")
     assert result.returncode == 1
-    assert "error: ValueError: Unknown strategy name `strategy='warp_drive'`" in result.stderr
+    assert "error: ValueError: You selected an invalid strategy name: `strategy='warp_drive'`" in result.stderr
 
 
 @pytest.mark.skipif(not HAS_TORCH_XLA, reason="describes the XLA runtime")

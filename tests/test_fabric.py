@@ -106,7 +106,7 @@ def test_fabric_optimizers_follow_the_parameters_to_the_device():
             "`devices` for XLA must be 'auto', an int, a string or a list of ints, got None",
         ),
         (dict(strategy="ddp"), ValueError, "The XLA accelerator cannot run strategy DDPStrategy"),
-        (dict(strategy="warp"), ValueError, "Unknown strategy name `strategy='warp'`"),
+        (dict(strategy="warp"), ValueError, "You selected an invalid strategy name: `strategy='warp'`"),
     ],
 )
 def test_fabric_validates_devices_precision_and_strategies_like_the_trainer(flags, error, message):

@@ -119,7 +119,7 @@ def test_selecting_a_plugin_whose_hook_raised_names_its_distribution_version_and
     ],
 )
 def test_a_name_of_a_plugin_that_never_loaded_is_unknown_and_the_error_names_the_quarantined_plugins(name, expected):
-    with pytest.raises(ValueError, match=f"Unknown accelerator name `accelerator={name!r}`") as info:
+    with pytest.raises(ValueError, match=f"You selected an invalid accelerator name: `accelerator={name!r}`") as info:
         L.Trainer(accelerator=name, logger=False)
     assert expected in str(info.value)
 

@@ -158,21 +158,34 @@ class Connector:
         return self.catalog.names(role, self.api)
 
     def check_name(self, role: str, flag: Any, lightning_names: list[str]) -> None:
-        """Reject an unknown name for ``role``.
+        """Refuse a name that plugins contest; unknown names are left to Lightning's own check.
 
         Raises:
-            ValueError: ``flag`` is a string that neither Lightning nor a plugin knows; the message
-                lists every registered name, plugin-provided ones included, and quarantined plugins.
+            PluginConflictError: ``flag`` is claimed by plugins without an override; the message
+                names the claimants.
         """
-        if not isinstance(flag, str) or flag.lower() in KEYWORDS[role]:
-            return
-        known = set(lightning_names) | set(self.catalog.names(role, self.api, include_deprecated=True))
-        if flag.lower() not in known:
-            self.catalog.find(role, flag.lower())  # a contested name: PluginConflictError names the claimants
-            choices = ", ".join((*KEYWORDS[role], *sorted(known)))
-            raise ValueError(
-                f"Unknown {role} name `{role}={flag!r}`. Registered names: {choices}.{self.catalog.quarantine_note()}"
-            )
+        if isinstance(flag, str) and flag.lower() not in KEYWORDS[role] and flag not in lightning_names:
+            self.catalog.find(role, flag.lower())
+
+    def valid_names(self, role: str, lightning_names: list[str]) -> list[str]:
+        """The names Lightning's own check accepts for ``role``: Lightning's, then the plugins' (each once).
+
+        Deprecated plugin names are included: selecting one works (with a deprecation warning).
+        """
+        plugin_names = self.catalog.names(role, self.api, include_deprecated=True)
+        return list(dict.fromkeys([*lightning_names, *plugin_names]))
+
+    def extend_name_error(self, role: str, message: str, lightning_names: list[str]) -> str:
+        """Lightning's message for an invalid ``role`` name, with what plugins add appended (never rephrased).
+
+        Lightning's accelerator message already lists every valid name (:meth:`valid_names`); its
+        strategy message lists examples only, so the plugins' strategy names are appended. The
+        quarantined plugins, if any, end the message.
+        """
+        added = [name for name in self.valid_names(role, lightning_names) if name not in lightning_names]
+        if role == "strategy" and added:
+            message += f" Strategies from installed plugins: {', '.join(added)}."
+        return message + self.catalog.quarantine_note()
 
     def canonical(self, role: str, flag: Any) -> Any:
         """The main name of the entry a plugin-provided name belongs to (deprecated aliases warn)."""

@@ -66,13 +66,13 @@ class _PluginConnectorMixin:
         connector = self.plugin_connector = Connector(self._api, package=PACKAGE)
         lightning_accelerators = getattr(self, self._accelerator_names_attr)
         lightning_strategies = self._registered_strategies
-        connector.check_name("accelerator", accelerator, list(lightning_accelerators))
         connector.check_name("strategy", strategy, list(lightning_strategies))
+        connector.check_name("accelerator", accelerator, list(lightning_accelerators))
         self._precision_as_given = precision
-        # Lightning validates names against these lists; plugin names pass for the duration of the
-        # check only, as Lightning's later error messages look each listed name up in its registry.
-        setattr(self, self._accelerator_names_attr, [*lightning_accelerators, *connector.names("accelerator")])
-        self._registered_strategies = [*lightning_strategies, *connector.names("strategy")]
+        # Lightning validates names against these lists (and words its own errors); plugin names pass
+        # for the duration of the check only, as Lightning's later messages look names up in its registry.
+        setattr(self, self._accelerator_names_attr, connector.valid_names("accelerator", list(lightning_accelerators)))
+        self._registered_strategies = connector.valid_names("strategy", list(lightning_strategies))
         try:
             super()._check_config_and_set_final_flags(  # type: ignore[misc]
                 strategy=connector.canonical("strategy", strategy),
@@ -81,6 +81,12 @@ class _PluginConnectorMixin:
                 plugins=plugins,
                 **kwargs,
             )
+        except ValueError as error:
+            text = str(error)
+            for role, names in (("strategy", lightning_strategies), ("accelerator", lightning_accelerators)):
+                if text.startswith(f"You selected an invalid {role} name"):
+                    raise ValueError(connector.extend_name_error(role, text, list(names))) from None
+            raise
         finally:
             setattr(self, self._accelerator_names_attr, lightning_accelerators)
             self._registered_strategies = lightning_strategies

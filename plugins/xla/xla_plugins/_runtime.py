@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -41,6 +42,19 @@ def torch_xla_version() -> Version | None:
         return None
 
 
+def importable(name: str) -> bool:
+    """Whether module ``name`` can be imported for real, without importing it.
+
+    ``False`` for a module that is not installed, and for a stand-in in ``sys.modules`` without a
+    ``__spec__`` (test suites stub ``torch_xla`` to fake a TPU): ``importlib.util.find_spec`` raises
+    ``ValueError`` for those, which must mean "not available", never an error.
+    """
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def require_torch_xla() -> ModuleType:
     """Import and return ``torch_xla`` after checking that it can drive this run.
 
@@ -54,9 +68,12 @@ def require_torch_xla() -> ModuleType:
             (the XRT runtime is not supported anymore).
     """
     installed = torch_xla_version()
-    if installed is None or importlib.util.find_spec("torch_xla") is None:
+    if installed is None or not importable("torch_xla"):
+        stub = installed is not None and "torch_xla" in sys.modules
         raise ModuleNotFoundError(
-            f"The XLA plugin needs torch_xla>={MIN_TORCH_XLA}, which is not installed. {_INSTALL_HINT}.",
+            "The XLA plugin needs torch_xla, but sys.modules['torch_xla'] is a stand-in without __spec__ (a stub)."
+            if stub
+            else f"The XLA plugin needs torch_xla>={MIN_TORCH_XLA}, which is not installed. {_INSTALL_HINT}.",
             name="torch_xla",
         )
     _check_versions(installed)
@@ -275,7 +292,7 @@ def auto_candidate() -> bool:
     choose XLA (plain Lightning would run on the CPU; so do we) and one ``UserWarning`` names
     ``PJRT_DEVICE``; an explicit ``accelerator="tpu"`` still reports the runtime's own error.
     """
-    if importlib.util.find_spec("torch_xla") is None:
+    if not importable("torch_xla"):
         return False
     raw = os.environ.get("PJRT_DEVICE")
     if raw is None:
@@ -303,7 +320,7 @@ def auto_candidate() -> bool:
 
 def _tpu_attached() -> bool:
     """libtpu is installed and torch_xla's PCI probe finds a TPU chip (starts no runtime)."""
-    if importlib.util.find_spec("libtpu") is None:
+    if not importable("libtpu"):
         return False
     from torch_xla._internal import tpu
 
