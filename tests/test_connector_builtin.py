@@ -72,3 +72,27 @@ def test_builtin_flags_give_what_plain_lightning_gives(case):
 def test_a_one_device_strategy_with_several_devices_names_both_flags():
     with pytest.raises(ValueError, match=r"`strategy='single_device'` drives one device, but `devices=2` selects 2"):
         L.Trainer(accelerator="cpu", devices=2, strategy="single_device", logger=False)
+
+
+@pytest.mark.parametrize(
+    ("api", "strategy", "other"),
+    [("trainer", "xla_fsdp", "Fabric"), ("fabric", "xla_debug", "Trainer"), ("fabric", "single_device", "Trainer")],
+)
+def test_a_strategy_name_of_the_other_api_says_whose_it_is(api, strategy, other):
+    from trainer_plugins import explain
+
+    with pytest.raises(ValueError) as info:
+        explain(api, accelerator="cpu", strategy=strategy)
+    message = str(info.value)
+    mine = "Fabric" if other == "Trainer" else "Trainer"
+    assert message.startswith(f"`strategy={strategy!r}` is for the {other} only: ")  # Lightning's or a plugin's name
+    assert f"provides no {mine} class for this strategy. Use it with lightning.{other}, " in message
+    assert "invalid strategy name" not in message
+    assert f"choose one of the {mine}'s names: auto, " in message and f", {strategy}," not in message
+
+
+def test_an_unknown_name_is_still_reported_as_unknown():
+    from trainer_plugins import explain
+
+    with pytest.raises(ValueError, match=r"You selected an invalid strategy name: `strategy='warp_drive'`"):
+        explain("fabric", accelerator="cpu", strategy="warp_drive")

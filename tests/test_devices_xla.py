@@ -46,7 +46,11 @@ def table(n: int) -> dict[str, list]:
 def test_devices_table(n):
     rows = table(n)
     every = [f"xla:{i}" for i in range(n)]
-    choices = f"`devices` can only be 'auto', 1, {n} or [0-{n - 1}] for XLA (PJRT_DEVICE=CPU has {n} device(s)), got"
+    choices = f"`devices` can only be 'auto', 1, {n} or [0-{n - 1}] for XLA, got"
+    source = (
+        f"The PJRT runtime reports {n} CPU device(s) (PJRT_DEVICE=CPU); set CPU_NUM_DEVICES=<n> for n devices,"
+        " or PJRT_DEVICE for another device type."
+    )
 
     # accepted values
     assert rows["'auto'"] == ["ok", every, None]
@@ -71,11 +75,28 @@ def test_devices_table(n):
             continue
         kind, message = rows[value]
         assert kind == "ValueError", value
-        assert message.startswith(choices), message
-    assert rows["'0,1,2'"][1].endswith("got [0, 1, 2].")
+        assert message.startswith(choices) and message.endswith(source), message
+    assert rows["'0,1,2'"][1] == f"{choices} [0, 1, 2]. {source}"
 
     # an unparsable string is quoted
-    assert rows["'abc'"] == ["ValueError", f"{choices} 'abc'."]
+    assert rows["'abc'"] == ["ValueError", f"{choices} 'abc'. {source}"]
+
+
+def test_with_one_device_each_choice_is_listed_once_with_the_source_of_the_count():
+    result = run_python(
+        """
+        import xla_plugins
+        try:
+            xla_plugins.XLAAccelerator.parse_devices(3)
+        except ValueError as error:
+            print(error)
+        """,
+        env={"CPU_NUM_DEVICES": "1", "PJRT_DEVICE": "CPU"},
+    )
+    assert result.stdout.splitlines()[-1] == (
+        "`devices` can only be 'auto', 1 or [0] for XLA, got 3. The PJRT runtime reports 1 CPU device(s)"
+        " (PJRT_DEVICE=CPU); set CPU_NUM_DEVICES=<n> for n devices, or PJRT_DEVICE for another device type."
+    )
 
 
 def _runtime_reason(pjrt_device: str) -> str:

@@ -99,7 +99,7 @@ def test_fabric_optimizers_follow_the_parameters_to_the_device():
     [
         (dict(precision="16-mixed"), ValueError, "`precision='16-mixed'` is not supported on XLA"),
         (dict(precision="bf16"), ValueError, "`precision='bf16'` is not supported on XLA"),
-        (dict(devices=3), ValueError, "`devices` can only be 'auto', 1, 1 or [0-0] for XLA"),
+        (dict(devices=3), ValueError, "`devices` can only be 'auto', 1 or [0] for XLA, got 3. The PJRT runtime"),
         (
             dict(devices=None),
             TypeError,

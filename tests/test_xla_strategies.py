@@ -282,5 +282,5 @@ def test_a_worker_exception_that_cannot_be_rebuilt_still_reaches_the_user_with_i
 def test_parse_devices_accepts_auto_and_lists_the_choices_for_unreadable_strings():
     count = xla_plugins.XLAAccelerator.auto_device_count()
     assert xla_plugins.XLAAccelerator.parse_devices("auto") == count
-    with pytest.raises(ValueError, match=r"`devices` can only be 'auto', 1, 1 or \[0-0\] for XLA .* got '\[0\]'\."):
+    with pytest.raises(ValueError, match=r"`devices` can only be 'auto', 1 or \[0\] for XLA, got '\[0\]'\. The PJRT"):
         xla_plugins.XLAAccelerator.parse_devices("[0]")

@@ -22,6 +22,8 @@ from trainer_plugins._standalone import PACKAGES, resolve_in
 
 #: Lightning's import root for each api.
 LIGHTNING_ROOT = {"trainer": "lightning.pytorch", "fabric": "lightning.fabric"}
+#: How messages name each api.
+API_NAMES = {"trainer": "Trainer", "fabric": "Fabric"}
 #: Flag values Lightning itself interprets for each role (never looked up in the catalogue).
 KEYWORDS = {"accelerator": ("auto", "gpu"), "strategy": ("auto",)}
 LIGHTNING_RULE = "Lightning's own rule (no plugin claims this)"
@@ -158,14 +160,19 @@ class Connector:
         return self.catalog.names(role, self.api)
 
     def check_name(self, role: str, flag: Any, lightning_names: list[str]) -> None:
-        """Refuse a name that plugins contest; unknown names are left to Lightning's own check.
+        """Refuse a name that plugins contest or that exists only for the other API; unknown names are
+        left to Lightning's own check.
 
         Raises:
             PluginConflictError: ``flag`` is claimed by plugins without an override; the message
                 names the claimants.
+            ValueError: ``flag`` names an entry with a class for the other API only (Trainer vs
+                Fabric); the message says so.
         """
         if isinstance(flag, str) and flag.lower() not in KEYWORDS[role] and flag not in lightning_names:
             self.catalog.find(role, flag.lower())
+            if flag.lower() not in self.catalog.names(role, self.api, include_deprecated=True):
+                self._check_other_api(role, flag)
 
     def valid_names(self, role: str, lightning_names: list[str]) -> list[str]:
         """The names Lightning's own check accepts for ``role``: Lightning's, then the plugins' (each once).
@@ -186,6 +193,22 @@ class Connector:
         if role == "strategy" and added:
             message += f" Strategies from installed plugins: {', '.join(added)}."
         return message + self.catalog.quarantine_note()
+
+    def _check_other_api(self, role: str, flag: str) -> None:
+        """Reject a name that exists only for the other API (Trainer vs Fabric), saying so.
+
+        Raises:
+            ValueError: ``flag`` names a ``role`` entry with a class for the other API only.
+        """
+        other = next(api for api in APIS if api != self.api)
+        claim = self.catalog.claims.get(role, {}).get(flag.lower())
+        if claim is None or claim.entry.class_path(other) is None:
+            return
+        raise ValueError(
+            f"`{role}={flag!r}` is for the {API_NAMES[other]} only: {claim.plugin.label} provides no"
+            f" {API_NAMES[self.api]} class for this {role}. Use it with lightning.{API_NAMES[other]}, or choose one"
+            f" of the {API_NAMES[self.api]}'s names: {', '.join((*KEYWORDS[role], *self.names(role)))}."
+        )
 
     def canonical(self, role: str, flag: Any) -> Any:
         """The main name of the entry a plugin-provided name belongs to (deprecated aliases warn)."""

@@ -89,10 +89,8 @@ class XLAAccelerator(_LightningXLAAccelerator):
         if isinstance(parsed, (list, tuple)) and len(parsed) == 1 and 0 <= parsed[0] < count:
             return list(parsed)
         shown = devices if parsed is None else parsed
-        raise ValueError(
-            f"`devices` can only be 'auto', 1, {count} or [0-{count - 1}] for XLA"
-            f" (PJRT_DEVICE={os.environ.get('PJRT_DEVICE')} has {count} device(s)), got {shown!r}."
-        )
+        choices = _devices_choices(count)
+        raise ValueError(f"`devices` can only be {choices} for XLA, got {shown!r}. {_count_source(count)}")
 
     @staticmethod
     @override
@@ -182,6 +180,30 @@ def _check_autograd_engine(device: torch.device) -> None:
             " torch's autograd engine cannot include XLA devices afterwards. Train on XLA in a fresh process, or"
             " touch the XLA device first (`torch.zeros(1, device=torch_xla.device())`) before any backward pass."
         ) from error
+
+
+#: The variable that sets the number of devices of a PJRT device type, where torch_xla has one.
+_COUNT_VARIABLES = {"CPU": "CPU_NUM_DEVICES", "CUDA": "GPU_NUM_DEVICES"}
+
+
+def _devices_choices(count: int) -> str:
+    """The valid ``devices`` values for ``count`` devices, each once.
+
+    ``'auto', 1 or [0]`` for one device, ``'auto', 1, 8 or [0-7]`` for eight.
+    """
+    if count == 1:
+        return "'auto', 1 or [0]"
+    return f"'auto', 1, {count} or [0-{count - 1}]"
+
+
+def _count_source(count: int) -> str:
+    """Where the device count comes from and how to change it, for error messages."""
+    device_type = _runtime.device_type()
+    source = f"The PJRT runtime reports {count} {device_type} device(s) (PJRT_DEVICE={device_type})"
+    variable = _COUNT_VARIABLES.get(device_type)
+    if variable is not None:
+        return f"{source}; set {variable}=<n> for n devices, or PJRT_DEVICE for another device type."
+    return f"{source}: the devices attached to this host; set PJRT_DEVICE for another device type."
 
 
 def _is_devices_value(devices: object) -> bool:
