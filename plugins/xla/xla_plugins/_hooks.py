@@ -155,10 +155,9 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
     from xla_plugins import _runtime
 
     if _runtime.spawn_collectives_hang():
-        from lightning.fabric.utilities.rank_zero import rank_zero_info
-
-        rank_zero_info(
-            f"trainer-plugins: strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
+        # at DEBUG: the run's one start-up line already names the strategy (strategy=xla_spmd)
+        _runtime.log.debug(
+            f"strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
             " the SPMD strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this"
             " device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
         )
