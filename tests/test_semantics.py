@@ -57,14 +57,15 @@ def test_strategy_reduce_and_all_gather_give_what_ddp_gives(strategy, tmp_path_f
 
     One process (single_xla, xla_spmd) holds global tensors: its rank 0 comes back as it is.
     """
-    collectives = report(strategy, tmp_path_factory)[0]["collectives"]
+    found = report(strategy, tmp_path_factory)[0]
     if strategy == "xla":
         expected = {"reduced": {"mean": 1.5, "sum": 6.0, "max": 3.0, "min": 0.0}, "gathered": [0.0, 1.0, 2.0, 3.0]}
         ranks = range(4)
     else:
         expected = {"reduced": {"mean": 0.0, "sum": 0.0, "max": 0.0, "min": 0.0}, "gathered": [0.0]}
         ranks = range(1)
-    assert collectives == {str(rank): {"kind": "collectives", **expected} for rank in ranks}
+    assert found["collectives"] == {str(rank): {"kind": "collectives", **expected} for rank in ranks}
+    assert found["fabric"]["reduced"] == expected["reduced"]  # fabric.all_reduce, rank 0's answer
 
 
 @pytest.mark.parametrize("strategy", list(DEVICES))
@@ -84,7 +85,9 @@ def test_seed_everything_governs_dropout_on_the_device(strategy, api, tmp_path_f
 @pytest.mark.parametrize("strategy", list(DEVICES))
 def test_every_fabric_set_up_path_trains_or_fails_loudly(strategy, tmp_path_factory):
     paths = {
-        path: result for path, result in report(strategy, tmp_path_factory)[0]["fabric"].items() if path != "seeds"
+        path: result
+        for path, result in report(strategy, tmp_path_factory)[0]["fabric"].items()
+        if path not in ("seeds", "reduced")
     }
     assert paths["setup"] == "trains"
     if strategy == "xla":  # Lightning's own refusal: its multi-device XLA strategy sets up jointly only

@@ -168,6 +168,8 @@ def all_fabric_paths(fabric: L.Fabric, out: str) -> None:
     torch.manual_seed(0)
     initial = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1)).state_dict()
     report["seeds"] = {name: fabric_seeded_weights(fabric, seed, initial) for name, seed in SEEDS}
+    mine = torch.tensor(float(fabric.global_rank), device=fabric.device)
+    report["reduced"] = {op: fabric.all_reduce(mine, reduce_op=op).item() for op in ("mean", "sum", "max", "min")}
     if fabric.global_rank == 0:
         with open(os.path.join(out, "fabric.json"), "w") as file:
             json.dump(report, file)
