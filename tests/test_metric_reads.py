@@ -75,7 +75,8 @@ def test_default_fit_compiles_nothing_after_the_first_epoch_and_reads_at_the_pol
 ):
     report = fit(tmp_path, strategy, devices=devices)
     check_counts(report)
-    assert report["progress_bar_type"] == "TQDMProgressBar" and report["loggers"] == ["CSVLogger"]
+    # Lightning's default bar, redrawn by the clock; Lightning's default logger
+    assert report["progress_bar_type"] == "XLAProgressBar" and report["loggers"] == ["CSVLogger"]
     # epoch-end values are exact: the last epoch's are what the progress bar shows at the end
     check_exact(report["progress_bar_metrics"], report["exact"][-1])
     assert any(tmp_path.rglob("*.ckpt")), "the default ModelCheckpoint wrote no checkpoint"
@@ -143,3 +144,29 @@ def test_eager_policy_leaves_lightnings_reads_alone(monkeypatch):
     monkeypatch.setenv("XLA_PLUGINS_METRIC_READS", "lazy")
     assert metrics.install(trainer) is True
     assert isinstance(trainer.fit_loop.epoch_loop._results, metrics._LazyResultCollection)
+
+
+def test_default_progress_bar_redraws_by_the_clock_and_a_chosen_one_is_left_alone(monkeypatch):
+    import lightning as L
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from xla_plugins import progress
+
+    default = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    bar = default.progress_bar_callback
+    assert progress.install(default) is True
+    assert default.progress_bar_callback is bar and type(bar) is progress.XLAProgressBar
+    chosen = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[TQDMProgressBar(5)])
+    assert progress.install(chosen) is False and type(chosen.progress_bar_callback) is TQDMProgressBar
+    monkeypatch.setenv("XLA_PLUGINS_METRIC_READS", "eager")
+    eager = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    assert progress.install(eager) is False and type(eager.progress_bar_callback) is TQDMProgressBar
+
+
+def test_xla_progress_bar_redraws_at_most_once_an_interval_and_at_the_last_batch():
+    from xla_plugins.progress import XLAProgressBar
+
+    bar = XLAProgressBar(interval_s=3600)
+    assert [bar._should_update(n, 10) for n in range(1, 11)] == [True] + [False] * 8 + [True]
+    with pytest.raises(ValueError, match="-1"):
+        XLAProgressBar(interval_s=-1)

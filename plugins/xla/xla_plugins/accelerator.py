@@ -50,14 +50,16 @@ class XLAAccelerator(_LightningXLAAccelerator):
 
     @override
     def setup(self, trainer: Any) -> None:
-        """Let ``trainer`` read logged metrics at its readers' cadence (see :mod:`xla_plugins.metrics`).
+        """Let ``trainer`` read logged metrics at its readers' cadence (see :mod:`xla_plugins.metrics`),
+        and redraw Lightning's default progress bar by the clock (see :mod:`xla_plugins.progress`).
 
         Raises:
             ValueError: ``XLA_PLUGINS_METRIC_READS`` or ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is invalid.
         """
-        from xla_plugins import metrics
+        from xla_plugins import metrics, progress
 
-        metrics.install(trainer)
+        if metrics.install(trainer):
+            progress.install(trainer)
 
     @staticmethod
     @override
