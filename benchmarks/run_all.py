@@ -1,10 +1,13 @@
-"""Run every benchmark of docs/performance.md in one go and print the figures with their ratios.
+"""Run every benchmark of docs/performance.md in one go and print the figures with their spread.
 
-    tox -e bench                      # or: python benchmarks/run_all.py [--markdown]
+    tox -e bench                      # or: python benchmarks/run_all.py [--rounds 3] [--skip-multidevice]
 
-Throughput, compilations, transfers and peak memory come from benchmarks/throughput.py (one
-process per mode and model, so each has its own caches and memory peak); start-up costs from
-benchmarks/startup.py. Every ratio compares figures measured in this same run.
+Throughput, compilations, transfers, time to first step and peak memory come from
+benchmarks/throughput.py, one process per mode, model and round. Rounds are interleaved (every
+mode once per round, in a rotated order), so that a change in the machine's load hits all modes
+alike; each figure is the median over the rounds with its min-max, and each ratio to the raw loop
+is taken within a round before its median is taken. Start-up costs come from benchmarks/startup.py,
+multi-device throughput from benchmarks/multidevice.py.
 """
 
 from __future__ import annotations
@@ -12,17 +15,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-MODES = ("raw", "plugin", "lightning")
+#: mode label -> (throughput.py mode, extra environment)
+MODES: dict[str, tuple[str, dict[str, str]]] = {
+    "raw": ("raw", {}),
+    "plugin": ("plugin", {}),
+    "defaults": ("defaults", {}),
+    "defaults-eager": ("defaults", {"XLA_PLUGINS_METRIC_READS": "eager"}),
+    "lightning": ("lightning", {}),
+}
 
 
-def run(script: str, *args: str) -> dict:
-    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")}
-    result = subprocess.run([sys.executable, str(HERE / script), *args], env=env, capture_output=True, text=True)
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    environ = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), **(env or {})}
+    result = subprocess.run([sys.executable, str(HERE / script), *args], env=environ, capture_output=True, text=True)
     if result.returncode != 0:
         return {
             "error": result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
@@ -30,74 +41,108 @@ def run(script: str, *args: str) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
+    """``median [min-max]`` of ``values``."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
+def throughput(models: list[str], rounds: int) -> dict[str, dict[str, list[dict]]]:
+    """``{model: {mode: [figures of each round]}}``, rounds interleaved, the order rotated each round."""
+    results: dict[str, dict[str, list[dict]]] = {model: {mode: [] for mode in MODES} for model in models}
+    labels = list(MODES)
+    for round_index in range(rounds):
+        order = labels[round_index % len(labels) :] + labels[: round_index % len(labels)]
+        for model in models:
+            for label in order:
+                mode, env = MODES[label]
+                figures = run("throughput.py", "--mode", mode, "--model", model, env=env)
+                figures["round"] = round_index
+                results[model][label].append(figures)
+                print(f"round {round_index + 1} {model} {label}: {json.dumps(figures)}", file=sys.stderr)
+    return results
+
+
+def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    lines = [
+        "| model | loop | steps/s | vs raw | compilations per epoch | transfers per step | first step s"
+        " | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model, modes in results.items():
+        raw_by_round = {f["round"]: f["steps_per_s"] for f in modes["raw"] if "error" not in f}
+        for label, runs in modes.items():
+            good = [f for f in runs if "error" not in f]
+            if not good:
+                lines.append(f"| {model} | {label} | failed: {runs[0].get('error')} | | | | | |")
+                continue
+            ratios = [f["steps_per_s"] / raw_by_round[f["round"]] for f in good if f["round"] in raw_by_round]
+            compiles = sorted({str(f["compiles_per_epoch"]) for f in good})
+            lines.append(
+                f"| {model} | {label} | {spread([f['steps_per_s'] for f in good])}"
+                f" | {spread(ratios, 2, 'x')} | {', '.join(compiles)}"
+                f" | {spread([f['transfers_per_step'] for f in good], 3)}"
+                f" | {spread([f['first_step_s'] for f in good], 2)}"
+                f" | {spread([f['peak_rss_mib'] for f in good], 0)} |"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="print markdown tables for docs/performance.md")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default="small,wide")
+    parser.add_argument("--skip-multidevice", action="store_true")
+    parser.add_argument("--skip-startup", action="store_true")
     args = parser.parse_args()
 
-    rows = []
-    for model in ("small", "wide"):
-        results = {mode: run("throughput.py", "--mode", mode, "--model", model) for mode in MODES}
-        raw = results["raw"]
-        for mode in MODES:
-            figures = results[mode]
-            if "error" in figures:
-                rows.append(f"| {model} | {mode} | failed: {figures['error']} | | | | |")
-                continue
-            speed, memory = figures["steps_per_s"], figures["peak_rss_mib"]
-            rows.append(
-                f"| {model} | {mode} | {speed:.1f} | {speed / raw['steps_per_s']:.2f}x"
-                f" | {figures['compiles_per_epoch']} | {figures['transfers_per_step']:.2f}"
-                f" | {memory:.0f} ({memory / raw['peak_rss_mib']:.2f}x) |"
-            )
-    spread = []
-    for devices in (2, 4):
-        results = {
-            strategy: run("multidevice.py", "--strategy", strategy, "--devices", str(devices))
-            for strategy in ("xla", "xla_spmd")
-        }
-        if any("error" in figures for figures in results.values()):
-            spread.append(f"| {devices} | failed: {results} | | |")
-            continue
-        spawn, spmd = results["xla"]["samples_per_s"], results["xla_spmd"]["samples_per_s"]
-        spread.append(f"| {devices} | {spawn:.0f} | {spmd:.0f} | {spmd / spawn:.2f}x |")
+    results = throughput(args.models.split(","), args.rounds)
+    print(f"Throughput: median [min-max] of {args.rounds} interleaved rounds; steady state = epochs 2-4.")
+    print("\n".join(throughput_table(results)))
+    print()
+    if not args.skip_multidevice:
+        print("| devices | spawn 'xla' samples/s | SPMD 'xla_spmd' samples/s |")
+        print("|---|---|---|")
+        for devices in (2, 4):
+            figures: dict[str, list[float]] = {"xla": [], "xla_spmd": []}
+            for _ in range(args.rounds):
+                for strategy in figures:
+                    result = run("multidevice.py", "--strategy", strategy, "--devices", str(devices))
+                    if "error" not in result:
+                        figures[strategy].append(result["samples_per_s"])
+            print(f"| {devices} | {spread(figures['xla'], 0)} | {spread(figures['xla_spmd'], 0)} |")
+        print()
+    if args.skip_startup:
+        return
     startup = run("startup.py")
-
-    header = "| model | loop | steps/s | vs raw | compilations per epoch | transfers per step | peak RSS MiB (vs raw) |"
-    print(header)
-    print("|" + "---|" * 7)
-    print("\n".join(rows))
-    print()
-    print("| devices | spawn 'xla' samples/s | SPMD 'xla_spmd' samples/s | SPMD vs spawn |")
-    print("|---|---|---|---|")
-    print("\n".join(spread))
-    print()
     if "error" in startup:
         print(f"start-up benchmark failed: {startup['error']}")
         return
-    added = startup["interpreter_ms"] - startup["interpreter_without_hook_ms"]
-    lines = [
-        ("interpreter start-up, hook armed", f"{startup['interpreter_ms']:.1f} ms"),
-        ("interpreter start-up, TRAINER_PLUGINS_AUTOLOAD=0", f"{startup['interpreter_without_hook_ms']:.1f} ms"),
-        ("added by the hook", f"{added:.1f} ms"),
-        ("modules imported at start-up (of torch, lightning, pluggy)", startup["modules_imported_at_startup"]),
-        ("`python -c 'import trainer_plugins'`", f"{startup['import_trainer_plugins_ms']:.1f} ms"),
-        ("... plus plugin discovery (`get_catalog()`)", f"{startup['discovery_ms']:.1f} ms"),
-        ("`trainer-plugins list`", f"{startup['list_command_ms']:.1f} ms"),
-        ("first `Trainer(accelerator='cpu')` of a process, with plugins", f"{startup['first_with_plugins_ms']:.0f} ms"),
-        (
-            "first `Trainer(accelerator='cpu')` of a process, plain Lightning",
-            f"{startup['first_plain_lightning_ms']:.0f} ms",
-        ),
-        ("`Trainer(accelerator='cpu')`, with plugins", f"{startup['with_plugins_ms']:.2f} ms"),
-        ("`Trainer(accelerator='cpu')`, plain Lightning", f"{startup['plain_lightning_ms']:.2f} ms"),
-    ]
-    print("| start-up | median |")
+    print("| start-up | median [min-max] |")
     print("|---|---|")
-    for label, value in lines:
-        print(f"| {label} | {value} |")
-    if not args.markdown:
-        print(json.dumps(startup))
+    for label, key in (
+        ("interpreter start-up (`python -c pass`)", "interpreter_ms"),
+        ("site-packages processed, `trainer_plugins.pth` present", "with_pth_ms"),
+        ("site-packages processed, `trainer_plugins.pth` absent", "without_pth_ms"),
+        ("`python -c 'import trainer_plugins'`", "import_trainer_plugins_ms"),
+        ("... plus plugin discovery (`get_catalog()`)", "discovery_ms"),
+        ("`trainer-plugins list`", "list_command_ms"),
+        ("`trainer-plugins doctor` (XLA plugin blocked)", "doctor_without_backend_ms"),
+        ("`trainer-plugins explain --accelerator cpu`", "explain_cpu_command_ms"),
+        ("`python -c 'import lightning'`", "import_lightning_ms"),
+        ("first `Trainer(accelerator='cpu')` of a process, with plugins", "first_with_plugins_ms"),
+        ("first `Trainer(accelerator='cpu')` of a process, plain Lightning", "first_plain_lightning_ms"),
+        ("`Trainer(accelerator='cpu')`, with plugins", "with_plugins_ms"),
+        ("`Trainer(accelerator='cpu')`, plain Lightning", "plain_lightning_ms"),
+    ):
+        value = startup.get(key)
+        if value is None:
+            continue
+        print(f"| {label} | {spread(value, 1, ' ms') if isinstance(value, list) else f'{value:.1f} ms'} |")
+    added = [a - b for a, b in zip(startup["with_pth_ms"], startup["without_pth_ms"], strict=True)]
+    print(f"| added by the hook (present minus absent, paired runs) | {spread(added, 2, ' ms')} |")
+    print(f"| modules imported at start-up (of torch, lightning, pluggy) | {startup['modules_imported_at_startup']} |")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,12 @@
 ``import trainer_plugins``, ``trainer-plugins list``/``doctor``/``explain`` (against ``import
 lightning``), and ``Trainer(...)`` construction with our
 connector vs plain Lightning on ``accelerator="cpu"``. Medians of repeated runs (milliseconds).
+
+The hook's cost is measured against the ``.pth`` file being absent, not merely switched off
+(``TRAINER_PLUGINS_AUTOLOAD=0`` still reads the file and imports its module): both arms start
+``python -S`` and process a site-packages folder with ``site.addsitedir``, the real one, or a
+mirror of it (symbolic links to every entry) without ``trainer_plugins.pth``. The arms alternate,
+run by run, and the report keeps every pair.
 """
 
 from __future__ import annotations
@@ -9,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 RUNS = 25
 
@@ -61,6 +70,27 @@ def construction_ms() -> dict[str, float]:
     return figures
 
 
+def hook_pairs(runs: int = RUNS) -> tuple[list[float], list[float]]:
+    """Start-up times (ms) with ``trainer_plugins.pth`` present and absent, in alternating runs."""
+    real = next(Path(folder) for folder in site.getsitepackages() if (Path(folder) / "trainer_plugins.pth").exists())
+    with tempfile.TemporaryDirectory() as mirror:
+        for entry in real.iterdir():
+            if entry.name != "trainer_plugins.pth":
+                os.symlink(entry, Path(mirror) / entry.name)
+        arms = [
+            [sys.executable, "-S", "-c", f"import site; site.addsitedir({str(folder)!r})"] for folder in (real, mirror)
+        ]
+        env = {**os.environ, "TRAINER_PLUGINS_AUTOLOAD": "1"}
+        for command in arms:
+            wall_ms(command, env)  # warm the page cache
+        present: list[float] = []
+        absent: list[float] = []
+        for _ in range(runs):
+            present.append(wall_ms(arms[0], env))
+            absent.append(wall_ms(arms[1], env))
+    return present, absent
+
+
 def main() -> None:
     python = [sys.executable, "-c", "pass"]
     imported = subprocess.run(
@@ -74,9 +104,11 @@ def main() -> None:
         check=True,
     ).stdout.strip()
     cli = shutil.which("trainer-plugins", path=os.path.dirname(sys.executable)) or "trainer-plugins"
+    with_pth, without_pth = hook_pairs()
     report = {
         "interpreter_ms": median_ms(python, TRAINER_PLUGINS_AUTOLOAD="1"),
-        "interpreter_without_hook_ms": median_ms(python, TRAINER_PLUGINS_AUTOLOAD="0"),
+        "with_pth_ms": with_pth,
+        "without_pth_ms": without_pth,
         "modules_imported_at_startup": imported,
         "import_trainer_plugins_ms": median_ms([sys.executable, "-c", "import trainer_plugins"]),
         "discovery_ms": median_ms([sys.executable, "-c", "import trainer_plugins; trainer_plugins.get_catalog()"]),

@@ -1,14 +1,21 @@
-"""One training run on PJRT CPU, as JSON: steady-state throughput, compilations, transfers, peak memory.
+"""One training run on PJRT CPU, as JSON: steady-state throughput, compilations, transfers, first step, peak memory.
 
-    python benchmarks/throughput.py --mode plugin|raw|lightning --model small|wide
+    python benchmarks/throughput.py --mode raw|plugin|defaults|lightning --model small|wide
 
-``plugin``: a plain ``lightning.Trainer(accelerator="xla")``, which goes through xla-plugins.
-``raw``: the same model, data, optimizer and dtype in a hand-written torch_xla loop.
-``lightning``: Lightning's own XLA classes. They only run on TPU (their device count comes from a
-TPU probe), so this mode makes Lightning's XLA accelerator count the PJRT CPU device: a
+``raw``: a hand-written torch_xla loop (``.to(device)``, ``backward``, ``step``, ``torch_xla.sync()``).
+``plugin``: a quiet ``lightning.Trainer(accelerator="xla")`` through xla-plugins: no progress bar,
+logger, checkpointing or model summary, no ``self.log``.
+``defaults``: the same Trainer left at Lightning's defaults (progress bar, logger, ``ModelCheckpoint``,
+model summary) with ``self.log("train_loss", loss, prog_bar=True)`` in ``training_step``: how people
+write Lightning code. ``XLA_PLUGINS_METRIC_READS=eager`` in the environment turns the plugin's lazy
+metric reads off (``run_all.py`` runs that as ``defaults-eager``).
+``lightning``: Lightning's own XLA classes, quiet. They only run on TPU (their device count comes
+from a TPU probe), so this mode makes Lightning's XLA accelerator count the PJRT CPU device: a
 benchmark-only patch, not something the plugin does.
 
-Steady state excludes the first epoch (graph compilation). Each mode runs in its own process
+Every mode: the same model, data, optimizer (SGD) and dtype (float32). Steady state excludes the
+first epoch (graph compilation). Time to first step runs from the start of the loop (``fit``, or the
+raw loop's first line) to the end of the first step's execution. Each mode runs in its own process
 (``run_all.py`` starts them) so that compilation caches and peak memory are its own.
 """
 
@@ -25,10 +32,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 MODELS = {
-    # (input features, hidden width, hidden layers, batch size, samples)
-    "small": (64, 128, 1, 32, 1792),  # the digits classifier of the demo, digits-sized data
-    "wide": (64, 1024, 2, 256, 8192),  # compute-bound: tens of milliseconds a step on two CPU cores
+    # (input features, hidden width, hidden layers, batch size, samples): 64 steps an epoch
+    "small": (64, 128, 2, 32, 2048),  # MLP 64-128-128-10: overhead-bound, about a millisecond a step
+    "wide": (64, 1024, 2, 32, 2048),  # MLP 64-1024-1024-10: about ten times the small model's compute
 }
+MODES = ("raw", "plugin", "defaults", "lightning")
+LEARNING_RATE = 0.01
 
 
 def build(model: str) -> tuple[nn.Module, DataLoader]:
@@ -51,6 +60,20 @@ class Meter:
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
         self._start: dict[str, float] = {}
+        self.began = time.perf_counter()
+        self.first_step_s = float("nan")
+
+    def begin(self) -> None:
+        """Mark the start of the loop (time to first step counts from here)."""
+        self.began = time.perf_counter()
+
+    def first_step_done(self) -> None:
+        """Mark the end of the first step: waits for its execution."""
+        import torch_xla
+
+        if self.first_step_s != self.first_step_s:  # still NaN
+            torch_xla.sync(wait=True)
+            self.first_step_s = time.perf_counter() - self.began
 
     @staticmethod
     def counts() -> dict[str, float]:
@@ -83,6 +106,7 @@ class Meter:
             "steps_per_s": steps / sum(epoch["time"] for epoch in steady),
             "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs],
             "transfers_per_step": sum(epoch["transfers"] for epoch in steady) / steps,
+            "first_step_s": self.first_step_s,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
@@ -90,10 +114,11 @@ class Meter:
 def run_raw(model: str, epochs: int, meter: Meter) -> None:
     import torch_xla
 
+    meter.begin()
     device = torch_xla.device()
     network, loader = build(model)
     network = network.to(device)
-    optimizer = torch.optim.Adam(network.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(network.parameters(), lr=LEARNING_RATE)
     for _ in range(epochs):
         meter.start_epoch()
         steps = 0
@@ -105,10 +130,14 @@ def run_raw(model: str, epochs: int, meter: Meter) -> None:
             optimizer.step()
             torch_xla.sync()
             steps += 1
+            if steps == 1:
+                meter.first_step_done()
         meter.end_epoch(steps)
 
 
-def run_trainer(model: str, epochs: int, meter: Meter, lightnings_own: bool) -> None:
+def run_trainer(model: str, epochs: int, meter: Meter, mode: str) -> None:
+    import tempfile
+
     import lightning as L
 
     class Module(L.LightningModule):
@@ -118,31 +147,34 @@ def run_trainer(model: str, epochs: int, meter: Meter, lightnings_own: bool) -> 
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return nn.functional.cross_entropy(self.network(x), y)
+            loss = nn.functional.cross_entropy(self.network(x), y)
+            if mode == "defaults":
+                self.log("train_loss", loss, prog_bar=True)
+            return loss
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
+            return torch.optim.SGD(self.parameters(), lr=LEARNING_RATE)
 
     class Timing(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
             meter.start_epoch()
 
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            meter.first_step_done()
+
         def on_train_epoch_end(self, trainer, pl_module):
             meter.end_epoch(trainer.num_training_batches)
 
     flags: dict[str, object] = dict(accelerator="xla", devices=1)
-    if lightnings_own:
+    if mode == "lightning":
         flags = _lightnings_own_xla_flags()
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        callbacks=[Timing()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **flags,
-    )
-    trainer.fit(Module(), build(model)[1])
+    if mode != "defaults":
+        flags.update(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with tempfile.TemporaryDirectory() as root:
+        trainer = L.Trainer(max_epochs=epochs, callbacks=[Timing()], default_root_dir=root, **flags)
+        module, loader = Module(), build(model)[1]
+        meter.begin()
+        trainer.fit(module, loader)
 
 
 def _lightnings_own_xla_flags() -> dict[str, object]:
@@ -163,7 +195,7 @@ def _lightnings_own_xla_flags() -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("plugin", "raw", "lightning"), required=True)
+    parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
@@ -172,7 +204,7 @@ def main() -> None:
     if args.mode == "raw":
         run_raw(args.model, args.epochs, meter)
     else:
-        run_trainer(args.model, args.epochs, meter, lightnings_own=args.mode == "lightning")
+        run_trainer(args.model, args.epochs, meter, args.mode)
     print(json.dumps({"mode": args.mode, "model": args.model, **meter.summary()}))
 
 
