@@ -171,12 +171,9 @@ def test_an_unreadable_probe_timeout_names_the_variable(value):
         Controls.from_env({"TRAINER_PLUGINS_PROBE_TIMEOUT": value})
 
 
-@pytest.mark.parametrize("pinned", ["slurm", "lsf"])
+@pytest.mark.parametrize("pinned", ["slurm", "lsf", "xla"])
 def test_a_pinned_environment_that_does_not_apply_to_the_run_is_reported_as_such(pinned, monkeypatch):
     pytest.importorskip("lightning")
     monkeypatch.setenv("TRAINER_PLUGINS_PIN_ENVIRONMENT", pinned)
-    with pytest.raises(
-        ValueError,
-        match=f"TRAINER_PLUGINS_PIN_ENVIRONMENT='{pinned}' does not apply to this run: .*detect\\(\\) is False",
-    ):
+    with pytest.raises(ValueError, match=f"TRAINER_PLUGINS_PIN_ENVIRONMENT='{pinned}' does not apply to this run: "):
         trainer_plugins.explain(accelerator="cpu", devices=2, strategy="ddp")

@@ -159,3 +159,20 @@ def test_doctor_reports_an_empty_pjrt_device_as_set_but_empty(monkeypatch):
     assert info["PJRT_DEVICE"] == "'' (set but empty)"
     assert info["error"].startswith("PJRT_DEVICE is set but empty")
     assert "device type" not in info
+
+
+def test_the_single_device_strategy_with_several_devices_is_an_error_naming_both_flags():
+    result = run_python(
+        """
+        import lightning as L
+        try:
+            L.Trainer(accelerator="tpu", devices=2, strategy="single_xla", logger=False)
+        except ValueError as error:
+            print("error:", error)
+        """,
+        env={"CPU_NUM_DEVICES": "2", "PJRT_DEVICE": "CPU"},
+    )
+    assert result.stdout.strip().splitlines()[-1] == (
+        "error: `strategy='single_xla'` drives one device, but `devices=2` selects 2. Pass `devices=1` (or a"
+        " one-device list) for it, or a multi-device strategy (`strategy='auto'` picks one)."
+    )

@@ -229,3 +229,23 @@ def test_hook_calls_go_through_pluggys_hook_callers_and_its_monitoring():
     finally:
         undo()
     assert seen == ["trainer_plugins_strategies"]
+
+
+def test_the_manager_and_the_modules_below_it_import_nothing_above_them():
+    import ast
+    import importlib.util
+
+    layers = {
+        "_controls": {"_manager", "_catalog", "_connector", "_lightning"},
+        "_entries": {"_manager", "_catalog", "_connector", "_lightning", "_controls"},
+        "_manager": {"_catalog", "_connector", "_lightning", "_cli"},
+    }
+    for module, above in layers.items():
+        path = importlib.util.find_spec(f"trainer_plugins.{module}").origin
+        imported = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.rpartition(".")[2])
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name.rpartition(".")[2] for alias in node.names)
+        assert not imported & above, f"trainer_plugins.{module} imports {imported & above}"

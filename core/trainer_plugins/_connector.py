@@ -17,7 +17,7 @@ from trainer_plugins._builtin import DISTRIBUTED_STRATEGIES
 from trainer_plugins._catalog import Catalog, Claim, get_catalog
 from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
-from trainer_plugins._manager import BUILTIN_PLUGIN, PluginError, Run
+from trainer_plugins._manager import BUILTIN_PLUGIN, USER_ERRORS, PluginError, Run
 from trainer_plugins._standalone import PACKAGES, resolve_in
 
 #: Lightning's import root for each api.
@@ -257,14 +257,17 @@ class Connector:
         """Build ``claim``'s class under the plugin guard.
 
         Raises:
-            Exception: what the constructor raised (a missing runtime, a bad setting), of the same
-                type, with the plugin and its distribution named in front of the message.
+            ValueError, TypeError, NotImplementedError, ModuleNotFoundError: the constructor rejected
+                the run (a bad setting, a missing runtime); passed on unchanged, like a decision
+                hook's (a note in the traceback names the plugin).
+            Exception: anything else the constructor raised, of the same type, with the plugin and
+                its distribution named in front of the message.
             PluginError: the constructor raised something else (``SystemExit``, ...).
         """
         cls = self.load_class(claim)
         arguments = {**getattr(claim.entry, "init_kwargs", {}), **kwargs}
         return self.catalog.manager.guard(
-            claim.plugin, f"{cls.__qualname__}()", cls, passthrough=(Exception,), **arguments
+            claim.plugin, f"{cls.__qualname__}()", cls, passthrough=(Exception,), unchanged=USER_ERRORS, **arguments
         )
 
     # --- accelerator -----------------------------------------------------------------------------

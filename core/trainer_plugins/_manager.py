@@ -268,6 +268,7 @@ class PluginManager(pluggy.PluginManager):
         *args: Any,
         timeout: Optional[float] = None,
         passthrough: tuple[type[BaseException], ...] = (),
+        unchanged: tuple[type[BaseException], ...] = (),
         **kwargs: Any,
     ) -> Any:
         """Run plugin code ``function(*args, **kwargs)`` on behalf of ``record``'s plugin; return its result.
@@ -280,8 +281,10 @@ class PluginManager(pluggy.PluginManager):
             action: what is being done, for messages (``"import of 'pkg'"``, ``"XLAAccelerator()"``).
             timeout: if given, seconds after which the call is abandoned (it goes on in a daemon
                 thread; a plugin whose earlier call still runs is not called again meanwhile).
-            passthrough: exception types that are the plugin rejecting the user's input; they reach
-                the caller as raised, plus the plugin's name in the message where the type allows it.
+            passthrough: exception types that reach the caller with their type kept and the
+                plugin's name in front of the message (where the type's constructor allows it).
+            unchanged: exception types that are the plugin rejecting the user's input (Lightning's
+                own wording): they reach the caller as raised, with a note naming the plugin.
 
         Raises:
             PluginError: ``function`` raised anything else but ``KeyboardInterrupt`` (``SystemExit``
@@ -297,6 +300,9 @@ class PluginManager(pluggy.PluginManager):
         except KeyboardInterrupt:
             raise
         except PluginError:
+            raise
+        except unchanged as error:
+            _add_note(error, f"raised by plugin {record.label}")
             raise
         except passthrough as error:
             raise _named(error, record) from error
@@ -460,13 +466,18 @@ def _named(error: BaseException, record: PluginRecord) -> BaseException:
     try:
         renamed = type(error)(prefix + str(error))
     except Exception:  # a constructor with other arguments: keep the original, with a note
-        add_note = getattr(error, "add_note", None)  # Python >= 3.11
-        if add_note is not None:
-            add_note(f"raised by plugin {record.label}")
+        _add_note(error, f"raised by plugin {record.label}")
         return error
     if isinstance(error, ImportError):
         renamed.name, renamed.path = error.name, error.path  # type: ignore[attr-defined]
     return renamed
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """Attach ``note`` to ``error``'s traceback (``BaseException.add_note``, Python >= 3.11)."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None and note not in getattr(error, "__notes__", ()):
+        add_note(note)
 
 
 class ProbeTimeout(TimeoutError):
