@@ -63,7 +63,7 @@ def test_a_user_error_from_the_owning_plugin_reaches_the_user_unchanged():
         raise ValueError("strategy 'ddp' cannot run on the NPU")
 
     manager = manager_with(("npu", make_plugin(validate=reject)))
-    with pytest.raises(ValueError, match="strategy 'ddp' cannot run on the NPU"):
+    with pytest.raises(ValueError) as info:
         manager.call_each(
             "trainer_plugins_validate",
             frozenset({"npu"}),
@@ -72,6 +72,10 @@ def test_a_user_error_from_the_owning_plugin_reaches_the_user_unchanged():
             parallel_devices=[],
             api="trainer",
         )
+    assert str(info.value) == "strategy 'ddp' cannot run on the NPU"
+    assert getattr(info.value, "__notes__", ["raised by plugin npu (npu-dist 1.0)"]) == [
+        "raised by plugin npu (npu-dist 1.0)"
+    ]
     assert manager.records["npu"].state == "loaded"
 
 

@@ -333,12 +333,12 @@ class PluginManager(pluggy.PluginManager):
         if record.state != "loaded" or (probe and call.run is not None and record.name in call.run.unavailable):
             return None
         timeout = self.controls.probe_timeout if probe and record.name != BUILTIN_PLUGIN else None
-        passthrough = USER_ERRORS if call.owners is not None else ()
+        user_errors = USER_ERRORS if call.owners is not None else ()
         problem = ""
         try:
             with _captured_output(record, call.hook_name in _QUIET_HOOKS):
                 result = self.guard(
-                    record, call.hook_name, function, *args, timeout=timeout, passthrough=passthrough, **kwargs
+                    record, call.hook_name, function, *args, timeout=timeout, unchanged=user_errors, **kwargs
                 )
             problem = _wrong_kind(call.hook_name, result, call.kwargs.get("api"))
             if problem:
