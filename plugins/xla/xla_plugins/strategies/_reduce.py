@@ -52,5 +52,15 @@ def all_reduce(
     name = reduce_op_name(reduce_op)
     if not isinstance(tensor, Tensor):
         tensor = torch.tensor(tensor, device=device)
-    reduced = xm.all_reduce(REDUCE_OPS[name], tensor) if world_size > 1 else tensor
+    if world_size > 1:
+        import torch_xla
+
+        reduced = xm.all_reduce(REDUCE_OPS[name], tensor)
+        # Run the collective now, on every replica at the same point, as Lightning's own XLA reduce
+        # does (its xm.mesh_reduce syncs the graph). Left pending, it ran inside whatever executed the
+        # result first (e.g. a `.item()` on one replica), and replica threads diverged: XLA aborted
+        # with one thread in this all-reduce and another in the next collective (tests/test_fabric.py).
+        torch_xla.sync()
+    else:
+        reduced = tensor
     return reduced / world_size if name in ("mean", "avg") else reduced
