@@ -100,15 +100,100 @@ def _connector_factory(package, class_name):
     return build_connector
 
 
+#: The distribution of each Lightning packaging (its version decides whether we attach).
+DISTRIBUTIONS = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"}
+_warned: set = set()
+
+
+def _lightning_version(package):
+    """The installed version of Lightning ``package`` (from metadata), or ``None``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTIONS[package])
+    except PackageNotFoundError:
+        return None
+
+
+def unsupported(package):
+    """Why trainer-plugins cannot attach to the installed Lightning ``package``, or ``None`` when it can.
+
+    The tested range is trainer-plugins' own requirement on ``lightning`` (its ``pyproject.toml``); the
+    private names it relies on (``trainer_plugins._lightning_contract``) are checked in that range.
+    """
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    installed = _lightning_version(package)
+    try:
+        declared = [Requirement(line) for line in requires("trainer-plugins") or []]
+    except PackageNotFoundError:
+        return None
+    for requirement in declared:
+        if requirement.name == "lightning" and installed is not None:
+            if not requirement.specifier.contains(installed, prereleases=True):
+                return (
+                    f"trainer-plugins is tested with {DISTRIBUTIONS[package]}{requirement.specifier}, but"
+                    f" {DISTRIBUTIONS[package]} {installed} is installed"
+                )
+    return None
+
+
+def _gate_factory(package, original, problem):
+    """Lightning's own connector class, with an error that says why a plugin's name is unknown to it."""
+
+    def build_connector(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except ValueError as error:
+            for role in ("strategy", "accelerator"):
+                flag = kwargs.get(role)
+                if isinstance(flag, str) and str(error).startswith(f"You selected an invalid {role} name"):
+                    from trainer_plugins import get_catalog
+
+                    claim = get_catalog().find(role, flag.lower())
+                    if claim is not None and not claim.builtin:
+                        raise ValueError(
+                            f"{error} The {role} {flag!r} comes from plugin {claim.plugin.label}, which cannot attach"
+                            f" to this Lightning version: {problem}."
+                        ) from error
+            raise
+
+    build_connector.trainer_plugins_connector = None  # type: ignore[attr-defined]  # ours, but not plugin-aware
+    return build_connector
+
+
 def attach():
-    """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent)."""
+    """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent).
+
+    A Lightning version outside the tested range is left alone: one ``RuntimeWarning`` says so, and
+    selecting a plugin's name fails with Lightning's error plus the reason.
+    """
     for package, module_name, attribute, class_name in TARGETS:
         module = sys.modules.get(module_name)
         original = getattr(module, attribute, None)
         if original is None or _is_ours(original):  # not imported, still importing, or attached
             continue
+        problem = unsupported(package)
+        if problem is None:
+            replacement = _connector_factory(package, class_name)
+        elif class_name == "TrainerDataConnector":
+            continue
+        else:
+            replacement = _gate_factory(package, original, problem)
+            if package not in _warned:
+                _warned.add(package)
+                import warnings
+
+                warnings.warn(
+                    f"{problem}: trainer-plugins leaves {package} alone, so no plugin is used. Install a tested"
+                    " version to use the plugins.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         _originals[(module_name, attribute)] = original
-        setattr(module, attribute, _connector_factory(package, class_name))
+        setattr(module, attribute, replacement)
 
 
 def detach():
@@ -124,7 +209,10 @@ def attached():
     ``False`` while no Lightning Trainer or Fabric module is imported.
     """
     imported = [(name, attribute) for _, name, attribute, _ in TARGETS if name in sys.modules]
-    return bool(imported) and all(_is_ours(getattr(sys.modules[name], attribute, None)) for name, attribute in imported)
+    return bool(imported) and all(
+        getattr(getattr(sys.modules[name], attribute, None), "trainer_plugins_connector", None) is not None
+        for name, attribute in imported
+    )
 
 
 def _is_ours(obj):

@@ -1,0 +1,135 @@
+"""The contract with Lightning's internals: every private Lightning name trainer-plugins relies on.
+
+``trainer_plugins._lightning`` subclasses three private Lightning classes, overrides some of their
+private methods and reads private attributes they set; ``_trainer_plugins_autoload`` replaces the
+names ``trainer.py``/``fabric.py`` build connectors from. Public names are not listed. If a Lightning
+release renames one of these, :func:`contract_violations` names it (``tests/test_lightning_contract.py``
+runs it on every Lightning version of the tox matrix), and a Lightning version outside the tested
+range is not attached to at all (see ``_trainer_plugins_autoload``).
+
+Nothing here imports Lightning until :func:`contract_violations` is called.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib import import_module
+from typing import NamedTuple
+
+from trainer_plugins._standalone import path_in
+
+
+class PrivateMethod(NamedTuple):
+    """A private method we override or call: ``"module:Class.method"`` and its parameter names."""
+
+    path: str
+    parameters: tuple[str, ...]
+
+
+class PrivateAttribute(NamedTuple):
+    """A private attribute we read or replace: ``"module:Class"`` (or ``"module:"`` for a module) and its name.
+
+    An instance attribute is checked by its assignment ``self.<name> =`` in the class's source.
+    """
+
+    path: str
+    name: str
+
+
+_TRAINER = "lightning.pytorch.trainer.connectors.accelerator_connector:_AcceleratorConnector"
+_FABRIC = "lightning.fabric.connector:_Connector"
+_DATA = "lightning.pytorch.trainer.connectors.data_connector:_DataConnector"
+_DECISIONS = (
+    ("_choose_auto_accelerator", ()),  # a staticmethod in Lightning
+    ("_set_parallel_devices_and_init_accelerator", ("self",)),
+    ("_choose_and_init_cluster_environment", ("self",)),
+    ("_choose_strategy", ("self",)),
+    ("_init_strategy", ("self",)),
+    ("_check_and_init_precision", ("self",)),
+    ("_lazy_init_strategy", ("self",)),
+)
+
+METHODS = (
+    PrivateMethod(
+        f"{_TRAINER}._check_config_and_set_final_flags",
+        ("self", "strategy", "accelerator", "precision", "plugins", "sync_batchnorm"),
+    ),
+    PrivateMethod(
+        f"{_FABRIC}._check_config_and_set_final_flags", ("self", "strategy", "accelerator", "precision", "plugins")
+    ),
+    *(PrivateMethod(f"{cls}.{name}", parameters) for cls in (_TRAINER, _FABRIC) for name, parameters in _DECISIONS),
+    PrivateMethod(f"{_DATA}._prepare_dataloader", ("self", "dataloader", "shuffle", "mode")),
+    PrivateMethod(
+        f"{_DATA}.on_trainer_init",
+        ("self", "val_check_interval", "reload_dataloaders_every_n_epochs", "check_val_every_n_epoch"),
+    ),
+)
+
+_SHARED_FLAGS = (
+    "_accelerator_flag",
+    "_strategy_flag",
+    "_parallel_devices",
+    "_num_nodes_flag",
+    "_cluster_environment_flag",
+    "_devices_flag",
+    "_registered_strategies",
+)
+ATTRIBUTES = (
+    # the names the start-up hook replaces in Lightning's modules
+    PrivateAttribute("lightning.pytorch.trainer.trainer:", "_AcceleratorConnector"),
+    PrivateAttribute("lightning.pytorch.trainer.trainer:", "_DataConnector"),
+    PrivateAttribute("lightning.fabric.fabric:", "_Connector"),
+    # instance attributes the adapter reads or sets
+    *(PrivateAttribute(cls, name) for cls in (_TRAINER, _FABRIC) for name in _SHARED_FLAGS),
+    PrivateAttribute(_TRAINER, "_accelerator_types"),
+    PrivateAttribute(_TRAINER, "_precision_flag"),
+    PrivateAttribute(_TRAINER, "_precision_plugin_flag"),
+    PrivateAttribute(_FABRIC, "_registered_accelerators"),
+    PrivateAttribute(_FABRIC, "_precision_input"),
+    PrivateAttribute(_FABRIC, "_precision_instance"),
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_accelerator_connector"),
+)
+
+
+def _resolve(path: str) -> object:
+    module_name, _, qualname = path.partition(":")
+    obj: object = import_module(module_name)
+    for part in filter(None, qualname.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def contract_violations(package: str = "lightning") -> list[str]:
+    """What of :data:`METHODS` and :data:`ATTRIBUTES` the installed Lightning ``package`` lacks or changed.
+
+    Args:
+        package: ``"lightning"`` or ``"pytorch_lightning"`` (``pytorch_lightning``/``lightning_fabric``).
+
+    Returns:
+        One line per missing name or changed signature; empty when the contract holds.
+    """
+    problems = []
+    for method in METHODS:
+        path = path_in(method.path, package)
+        try:
+            found = tuple(inspect.signature(_resolve(path)).parameters)  # type: ignore[arg-type]
+        except (ImportError, AttributeError) as error:
+            problems.append(f"{path}: missing ({type(error).__name__}: {error})")
+            continue
+        if found != method.parameters:
+            problems.append(f"{path}: parameters {found}, expected {method.parameters}")
+    for attribute in ATTRIBUTES:
+        path = path_in(attribute.path, package)
+        try:
+            owner = _resolve(path)
+        except (ImportError, AttributeError) as error:
+            problems.append(f"{path}: missing ({type(error).__name__}: {error})")
+            continue
+        if inspect.ismodule(owner):
+            present = hasattr(owner, attribute.name)
+        else:
+            source = "".join(inspect.getsource(cls) for cls in inspect.getmro(owner) if cls.__module__ != "builtins")  # type: ignore[arg-type]
+            present = f"self.{attribute.name} =" in source or f"self.{attribute.name}:" in source
+        if not present:
+            problems.append(f"{path}: no attribute {attribute.name}")
+    return problems
