@@ -116,3 +116,13 @@ def test_a_stubbed_torch_xla_makes_the_xla_plugin_not_available_without_error_or
     )
     assert report["state"] == "loaded"
     assert report["tpu_after"] == "xla_plugins.strategies.single_xla"
+
+
+def test_a_single_device_strategy_instance_with_several_devices_is_accepted_as_lightning_does():
+    """Lightning's own test_custom_accelerator builds this; only a strategy *name* with several devices is refused."""
+    import torch
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    strategy = SingleDeviceStrategy(device=torch.device("cpu"))
+    trainer = L.Trainer(accelerator="cpu", strategy=strategy, devices=2, logger=False)
+    assert trainer.strategy is strategy

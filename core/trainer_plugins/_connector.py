@@ -472,13 +472,19 @@ class Connector:
             flags: the user's ``strategy`` and ``devices`` flags, for error messages.
 
         Raises:
-            ValueError: a strategy that drives one device (a ``SingleDeviceStrategy``) was given
+            ValueError: a strategy that drives one device (a ``SingleDeviceStrategy``), selected by name, was given
                 an explicit ``devices`` of more than one device; the message names both flags.
         """
         flags = flags or {}
         single = resolve_in(f"{LIGHTNING_ROOT[self.api]}.strategies:SingleDeviceStrategy", self.package)
-        if isinstance(strategy, single) and len(parallel_devices) > 1 and flags.get("devices", "auto") != "auto":
-            name = flags.get("strategy") if isinstance(flags.get("strategy"), str) else describe(strategy)
+        by_name = isinstance(flags.get("strategy"), str)  # an instance the user built is Lightning's business
+        if (
+            by_name
+            and isinstance(strategy, single)
+            and len(parallel_devices) > 1
+            and flags.get("devices", "auto") != "auto"
+        ):
+            name = flags.get("strategy")
             raise ValueError(
                 f"`strategy={name!r}` drives one device, but `devices={flags.get('devices', len(parallel_devices))!r}`"
                 f" selects {len(parallel_devices)}. Pass `devices=1` (or a one-device list) for it, or a"
