@@ -198,7 +198,7 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
         try:
             L.Trainer(accelerator="xla", devices=4, strategy="xla", logger=False)
         except NotImplementedError as error:
-            print(f"{time.monotonic() - started:.1f}", error)
+            print(f"{time.monotonic() - started:.1f}", error, "|", *getattr(error, "__notes__", []))
         """,
         env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"},
     )
@@ -209,7 +209,10 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     assert "strategy=xla_spmd" in line
     seconds, message = refusal.split(" ", 1)
     assert float(seconds) < 10
-    assert message.startswith("plugin xla (xla-plugins ")  # the core names the plugin in its errors
+    message, note = message.split(" | ", 1)
+    assert note.startswith(
+        "raised by plugin xla (xla-plugins "
+    )  # the core names the plugin in a note; the text is the plugin's
     assert "The one-worker-per-device strategy XLAStrategy would hang in its first collective on PJRT CPU" in message
     assert "Use strategy='xla_spmd'" in message
 

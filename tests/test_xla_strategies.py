@@ -262,20 +262,15 @@ class NeedsTwoArguments(Exception):
 
 
 def test_a_worker_exception_that_cannot_be_rebuilt_still_reaches_the_user_with_its_traceback():
-    import queue
-    from concurrent.futures.process import BrokenProcessPool
-
     from xla_plugins.strategies.launcher import _report, _reported_failure
 
     try:
         raise NeedsTwoArguments(3, "diverged")
     except NeedsTwoArguments as error:
         report = _report(1, error)
-    errors: queue.Queue = queue.Queue()
-    errors.put(report)
-    error, worker_traceback = _reported_failure(errors, BrokenProcessPool("gone"))
+    error, worker_traceback = _reported_failure(*report)
     assert isinstance(error, RuntimeError)
-    assert str(error) == "XLA worker of rank 1 failed: test_xla_strategies.NeedsTwoArguments: step 3: diverged"
+    assert str(error) == "XLA replica of rank 1 failed: test_xla_strategies.NeedsTwoArguments: step 3: diverged"
     assert 'raise NeedsTwoArguments(3, "diverged")' in str(worker_traceback)
 
 

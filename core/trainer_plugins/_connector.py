@@ -17,7 +17,7 @@ from trainer_plugins._builtin import DISTRIBUTED_STRATEGIES
 from trainer_plugins._catalog import Catalog, Claim, get_catalog
 from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
-from trainer_plugins._manager import BUILTIN_PLUGIN, USER_ERRORS, PluginError, Run
+from trainer_plugins._manager import BUILTIN_PLUGIN, USER_ERRORS, PluginError, Run, add_note
 from trainer_plugins._standalone import PACKAGES, resolve_in
 
 #: Lightning's import root for each api.
@@ -617,10 +617,10 @@ def own_is_distributed(strategy: Any) -> Optional[bool]:
     except AttributeError as error:
         if inspect.getattr_static(strategy, "is_distributed", _ABSENT) is _ABSENT:
             return None  # no such attribute anywhere: rule 3
-        _add_note(error, f"raised while trainer-plugins read {name}")
+        add_note(error, f"raised while trainer-plugins read {name}")
         raise
     except Exception as error:
-        _add_note(error, f"raised while trainer-plugins read {name}")
+        add_note(error, f"raised while trainer-plugins read {name}")
         raise
     if not isinstance(answer, bool):
         raise TypeError(
@@ -630,8 +630,3 @@ def own_is_distributed(strategy: Any) -> Optional[bool]:
 
 
 _ABSENT = object()
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):  # Python >= 3.11
-        error.add_note(note)

@@ -302,7 +302,7 @@ class PluginManager(pluggy.PluginManager):
         except PluginError:
             raise
         except unchanged as error:
-            _add_note(error, f"raised by plugin {record.label}")
+            add_note(error, f"raised by plugin {record.label}")
             raise
         except passthrough as error:
             raise _named(error, record) from error
@@ -466,18 +466,18 @@ def _named(error: BaseException, record: PluginRecord) -> BaseException:
     try:
         renamed = type(error)(prefix + str(error))
     except Exception:  # a constructor with other arguments: keep the original, with a note
-        _add_note(error, f"raised by plugin {record.label}")
+        add_note(error, f"raised by plugin {record.label}")
         return error
     if isinstance(error, ImportError):
         renamed.name, renamed.path = error.name, error.path  # type: ignore[attr-defined]
     return renamed
 
 
-def _add_note(error: BaseException, note: str) -> None:
+def add_note(error: BaseException, note: str) -> None:
     """Attach ``note`` to ``error``'s traceback (``BaseException.add_note``, Python >= 3.11)."""
-    add_note = getattr(error, "add_note", None)
-    if add_note is not None and note not in getattr(error, "__notes__", ()):
-        add_note(note)
+    attach = getattr(error, "add_note", None)
+    if attach is not None and note not in getattr(error, "__notes__", ()):
+        attach(note)
 
 
 class ProbeTimeout(TimeoutError):
