@@ -84,3 +84,31 @@ def test_a_lightning_outside_the_tested_range_warns_once_is_left_alone_and_refus
         " lightning<2.7,>=2.5, but lightning 2.99.0 is installed."
     )
     assert "The strategy 'xla_spmd' comes from plugin xla (xla-plugins" in strategy_error
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_private_lightning_name_the_xla_plugin_relies_on_exists_with_the_expected_signature(package):
+    """The XLA plugin's own contract (``xla_plugins._lightning_contract``), on every Lightning of the matrix."""
+    from xla_plugins import _lightning_contract as xla_contract
+
+    assert contract_violations(package, xla_contract.METHODS, xla_contract.ATTRIBUTES) == [], (
+        f"Lightning {version('lightning')}"
+    )
+
+
+def test_the_xla_plugins_contract_lists_every_private_lightning_name_its_modules_import():
+    """Reads the plugin's sources: a new ``from lightning... import _name`` must be added to the contract."""
+    import ast
+    from pathlib import Path
+
+    import xla_plugins
+    from xla_plugins import _lightning_contract as xla_contract
+
+    listed = {(attribute.path, attribute.name) for attribute in xla_contract.ATTRIBUTES}
+    imported = set()
+    for source in Path(xla_plugins.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lightning":
+                imported |= {(f"{node.module}:", alias.name) for alias in node.names if alias.name.startswith("_")}
+    assert imported <= listed
+    assert ("lightning.pytorch.trainer.connectors.logger_connector.result:", "_ResultCollection") in imported

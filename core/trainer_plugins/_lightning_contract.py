@@ -13,6 +13,7 @@ Nothing here imports Lightning until :func:`contract_violations` is called.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from importlib import import_module
 from typing import NamedTuple
 
@@ -99,17 +100,26 @@ def _resolve(path: str) -> object:
     return obj
 
 
-def contract_violations(package: str = "lightning") -> list[str]:
-    """What of :data:`METHODS` and :data:`ATTRIBUTES` the installed Lightning ``package`` lacks or changed.
+def contract_violations(
+    package: str = "lightning",
+    methods: Sequence[PrivateMethod] = METHODS,
+    attributes: Sequence[PrivateAttribute] = ATTRIBUTES,
+) -> list[str]:
+    """What of ``methods`` and ``attributes`` the installed Lightning ``package`` lacks or changed.
 
     Args:
         package: ``"lightning"`` or ``"pytorch_lightning"`` (``pytorch_lightning``/``lightning_fabric``).
+        methods: the private methods to check, written against ``lightning``; default the core's
+            own (:data:`METHODS`). A plugin that relies on private Lightning names lists them the
+            same way and checks them with this function (the XLA plugin's are in
+            ``xla_plugins._lightning_contract``).
+        attributes: the private attributes to check, likewise; default :data:`ATTRIBUTES`.
 
     Returns:
         One line per missing name or changed signature; empty when the contract holds.
     """
     problems = []
-    for method in METHODS:
+    for method in methods:
         path = path_in(method.path, package)
         try:
             found = tuple(inspect.signature(_resolve(path)).parameters)  # type: ignore[arg-type]
@@ -118,7 +128,7 @@ def contract_violations(package: str = "lightning") -> list[str]:
             continue
         if found != method.parameters:
             problems.append(f"{path}: parameters {found}, expected {method.parameters}")
-    for attribute in ATTRIBUTES:
+    for attribute in attributes:
         path = path_in(attribute.path, package)
         try:
             owner = _resolve(path)
