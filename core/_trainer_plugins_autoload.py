@@ -219,12 +219,38 @@ def _is_ours(obj):
     return hasattr(obj, "trainer_plugins_connector")
 
 
+class NoticeOnLightningImport:
+    """A ``sys.meta_path`` finder that says, once, why the plugins are off when Lightning is first imported.
+
+    Armed instead of the import hook when ``TRAINER_PLUGINS_AUTOLOAD`` holds an unreadable value, so
+    that the notice reaches the scripts it concerns (those importing Lightning) and not every Python
+    process (pip, the ``trainer-plugins`` command, which reports the value itself). It finds nothing
+    and removes itself after speaking.
+    """
+
+    def __init__(self, notice):
+        self.notice = notice
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in WATCHED_MODULES:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            sys.stderr.write(self.notice)
+        return None
+
+
 def arm():
-    """Install the import hook unless ``TRAINER_PLUGINS_AUTOLOAD`` switches it off (idempotent)."""
+    """Install the import hook unless ``TRAINER_PLUGINS_AUTOLOAD`` switches it off (idempotent).
+
+    An unreadable value leaves the hook off; the first import of a Lightning package then says why,
+    on one line of stderr (see :class:`NoticeOnLightningImport`).
+    """
     try:
         enabled = autoload_enabled(os.environ.get(AUTOLOAD_VARIABLE))
     except ValueError as error:
-        sys.stderr.write(f"trainer-plugins: {error}; automatic registration stays off\n")
+        if not any(type(finder).__name__ == NoticeOnLightningImport.__name__ for finder in sys.meta_path):
+            notice = f"trainer-plugins: {error}; automatic registration stays off\n"
+            sys.meta_path.insert(0, NoticeOnLightningImport(notice))
         return
     if enabled:
         watch()

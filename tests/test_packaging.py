@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from importlib.metadata import distribution, files
 
@@ -65,10 +66,20 @@ def test_autoload_off_switch_leaves_the_interpreter_untouched():
     assert found == {"hook_armed": False, "imported": []}
 
 
-def test_an_unreadable_autoload_value_is_reported_at_startup_and_leaves_autoload_off():
+def test_an_unreadable_autoload_value_is_reported_once_when_lightning_is_imported_and_leaves_autoload_off():
+    notice = (
+        "trainer-plugins: TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood; use 1/true/yes/on or 0/false/no/off;"
+        " automatic registration stays off"
+    )
     result = run_python(STARTUP_PROBE, env={"TRAINER_PLUGINS_AUTOLOAD": "maybe"})
     assert json.loads(result.stdout)["hook_armed"] is False
-    assert "TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood" in result.stderr
+    assert notice not in result.stderr  # a process that does not import Lightning is not told
+    probe = (
+        "import lightning, pytorch_lightning" if importlib.util.find_spec("pytorch_lightning") else "import lightning"
+    )
+    result = run_python(f"{probe}\n{STARTUP_PROBE}", env={"TRAINER_PLUGINS_AUTOLOAD": "maybe"})
+    assert json.loads(result.stdout)["hook_armed"] is False
+    assert result.stderr.splitlines().count(notice) == 1  # once, even when site-packages is read twice (lib64)
 
 
 def test_the_installed_versions_are_within_the_declared_ranges():
