@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xla
+# The demo runs in the primary tox cell only (tox.ini): its own environment has those versions.
+pytestmark = [pytest.mark.xla, pytest.mark.slow]
 
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 SUMMARY = re.compile(r"test_accuracy=(\d\.\d{4}) steps_per_s=\d+\.\d device=CPU precision=bf16-true")

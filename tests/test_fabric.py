@@ -45,8 +45,12 @@ def fabric_run(strategy: str, devices: int, precision: str, out: Path) -> list[d
     ("strategy", "devices", "precision", "expected_class", "world_size", "dtype"),
     [
         ("auto", 1, "bf16-true", "single_xla.FabricSingleDeviceXLAStrategy", 1, "torch.bfloat16"),
-        ("auto", 2, "32-true", "xla_spmd.FabricXLASPMDStrategy", 1, "torch.float32"),
-        ("xla", 2, "32-true", "xla.FabricXLAStrategy", 2, "torch.float32"),  # with tests/xla_cpu_harness.py
+        pytest.param(
+            "auto", 2, "32-true", "xla_spmd.FabricXLASPMDStrategy", 1, "torch.float32", marks=pytest.mark.slow
+        ),
+        pytest.param(  # with tests/xla_cpu_harness.py
+            "xla", 2, "32-true", "xla.FabricXLAStrategy", 2, "torch.float32", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_fabric_loop_trains_the_digits_classifier(

@@ -70,6 +70,7 @@ def test_a_hung_replica_is_reported_with_its_rank_and_where_it_is_stuck(faults):
     assert report["cause"].count("in rendezvous") == 3
 
 
+@pytest.mark.slow  # primary tox cell only (tox.ini)
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM])
 def test_no_worker_outlives_a_killed_main_process(sent, tmp_path):
     main = subprocess.Popen(

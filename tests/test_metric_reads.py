@@ -68,7 +68,9 @@ def check_exact(shown: dict, exact: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "devices"), [("single_xla", 1), ("xla_spmd", 2)], ids=["single_xla", "xla_spmd-2-devices"]
+    ("strategy", "devices"),
+    [("single_xla", 1), pytest.param("xla_spmd", 2, marks=pytest.mark.slow)],
+    ids=["single_xla", "xla_spmd-2-devices"],
 )
 def test_default_fit_compiles_nothing_after_the_first_epoch_and_reads_at_the_policys_cadence(
     tmp_path, strategy, devices

@@ -68,7 +68,7 @@ def of_kind(rows: list[dict], kind: str) -> list[dict]:
     return [row for row in rows if row["kind"] == kind]
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_spawn_strategy_end_to_end(devices, tmp_path):
     summary, ranks, later = run_scenario("xla", devices, tmp_path)
     size = summary["size"]
@@ -127,7 +127,7 @@ def test_spawn_strategy_end_to_end(devices, tmp_path):
     assert cpu_steps[0] == 2 * steps_per_epoch  # a CPU-only Trainer resumes from the XLA checkpoint
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_spmd_strategy_end_to_end(devices, tmp_path):
     summary, devices_rows, later = run_scenario("xla_spmd", devices, tmp_path)
     size = summary["size"]
@@ -167,6 +167,7 @@ def test_spmd_strategy_end_to_end(devices, tmp_path):
     assert [row["step"] for row in of_kind(later["cpu"][0], "step")][0] == 2 * steps_per_epoch
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "worker_failure.py"), str(tmp_path)],
@@ -187,6 +188,7 @@ def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_trac
     assert report["seconds"] < 60  # stopped, not left to time out
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     result = run_python(
         """
@@ -217,6 +219,7 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     assert "Use strategy='xla_spmd'" in message
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_only_the_documented_test_switch_lifts_the_cpu_refusal_of_the_spawn_strategy():
     """The product never detects the harness: replaced collectives change nothing, XLA_PLUGINS_TEST_CPU_SPAWN=1 does."""
     result = run_python(

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.xla
 
 SCRIPT = Path(__file__).parent / "scripts" / "semantics.py"
 DEVICES = {"single_xla": 1, "xla": 4, "xla_spmd": 4}
+#: The strategies as test parameters; the multi-device ones run in the primary tox cell only (tox.ini).
+STRATEGIES = [pytest.param(name, marks=pytest.mark.slow) if DEVICES[name] > 1 else name for name in DEVICES]
 SIZE, BATCH = 62, 4  # as in the script
 _reports: dict[str, tuple[dict, str]] = {}
 
@@ -44,14 +46,14 @@ def report(strategy: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dic
     return _reports[strategy]
 
 
-@pytest.mark.parametrize("strategy", list(DEVICES))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sync_dist_logs_every_reduction_lightning_supports(strategy, tmp_path_factory):
     """Values 0..15 in two validation batches of 8: one device and DDP log mean 7.5, sum 120, max 15, min 0."""
     logged = report(strategy, tmp_path_factory)[0]["logged"]
     assert logged == {"mean": 7.5, "sum": 120.0, "max": 15.0, "min": 0.0}
 
 
-@pytest.mark.parametrize("strategy", list(DEVICES))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_strategy_reduce_and_all_gather_give_what_ddp_gives(strategy, tmp_path_factory):
     """Each replica reduces and gathers its global rank: over 4 replicas mean 1.5, sum 6, max 3, min 0.
 
@@ -68,7 +70,7 @@ def test_strategy_reduce_and_all_gather_give_what_ddp_gives(strategy, tmp_path_f
     assert found["fabric"]["reduced"] == expected["reduced"]  # fabric.all_reduce, rank 0's answer
 
 
-@pytest.mark.parametrize("strategy", list(DEVICES))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 def test_seed_everything_governs_dropout_on_the_device(strategy, api, tmp_path_factory):
     """The same initial weights, trained with dropout: same seed, same weights; another seed, other weights.
@@ -82,7 +84,7 @@ def test_seed_everything_governs_dropout_on_the_device(strategy, api, tmp_path_f
     assert seeds["1"] != seeds["2"]
 
 
-@pytest.mark.parametrize("strategy", list(DEVICES))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_fabric_set_up_path_trains_or_fails_loudly(strategy, tmp_path_factory):
     paths = {
         path: result
@@ -108,6 +110,7 @@ def test_every_fabric_set_up_path_trains_or_fails_loudly(strategy, tmp_path_fact
         }
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_xla_and_xla_spmd_take_the_same_steps_per_epoch_on_the_same_loader(tmp_path_factory):
     """62 samples, batch_size 4, 4 devices: ceil(62 / (4 x 4)) = 4 steps, per-device batch 4, global 16."""
     spawn = report("xla", tmp_path_factory)[0]["steps"]
@@ -118,6 +121,7 @@ def test_xla_and_xla_spmd_take_the_same_steps_per_epoch_on_the_same_loader(tmp_p
     assert report("single_xla", tmp_path_factory)[0]["steps"] == {"0": math.ceil(SIZE / BATCH)}
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_start_up_log_states_the_per_device_and_the_global_batch(tmp_path_factory):
     output = report("xla_spmd", tmp_path_factory)[1]
     assert "trainer-plugins: xla_spmd: per-device batch 4, global batch 16 (4 x 4 devices)" in output
@@ -128,6 +132,7 @@ def without_padding(rows: list[list[int]], size: int) -> list[int]:
     return [index for row in rows for index in row][:size]
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_keeps_the_order_of_an_unshuffled_loader_and_gives_device_i_the_i_th_batch(tmp_path_factory):
     order = report("xla_spmd", tmp_path_factory)[0]["order"]
     assert len(order) == 4
@@ -137,6 +142,7 @@ def test_spmd_keeps_the_order_of_an_unshuffled_loader_and_gives_device_i_the_i_t
     assert order[-1][3][:2] == [60, 61]  # the epoch's remainder: 14 samples, the last shard padded by XLA
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_trains_with_a_plain_sampler_of_index_lists_as_batch_sampler(tmp_path_factory):
     """Buckets of 3 and 5 indices (16 of them): 4 buckets per step, every sample once, in order."""
     bucketed = report("xla_spmd", tmp_path_factory)[0]["bucketed"]
@@ -146,6 +152,7 @@ def test_spmd_trains_with_a_plain_sampler_of_index_lists_as_batch_sampler(tmp_pa
     assert seen == list(range(SIZE))
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_prediction_writers_get_the_indices_of_each_global_batch(tmp_path_factory):
     """A shuffled loader of 62 samples, batch_size 4: each step's batch_indices are the samples it predicted."""
     steps = report("xla_spmd", tmp_path_factory)[0]["predicted"]
@@ -154,11 +161,13 @@ def test_spmd_prediction_writers_get_the_indices_of_each_global_batch(tmp_path_f
     assert sorted(i for indices, _ in steps for i in indices) == list(range(SIZE))
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_batch_global_gives_torch_xlas_meaning(tmp_path_factory):
     """XLASPMDStrategy(batch="global"): each loader batch is the global batch, so ceil(62 / 4) = 16 steps."""
     assert report("xla_spmd", tmp_path_factory)[0]["global_steps"] == math.ceil(SIZE / BATCH)
 
 
+@pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_spmd_runs_lightnings_batch_size_finder(tmp_path_factory):
     """Power scaling from 2, two trials: the same choice as on CPU (Lightning 2.5: 8, 2.6: 4), set as batch_size."""
     finder = report("xla_spmd", tmp_path_factory)[0]["finder"]
