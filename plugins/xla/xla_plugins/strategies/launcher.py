@@ -374,6 +374,24 @@ def _died(worker: _Worker) -> WorkerDiedError:
     )
 
 
+def _initialize_worker(local_rank: int, local_world_size: int) -> None:
+    """torch_xla's worker start-up (``pjrt.initialize_multiprocess``), then torch's autograd engine, once.
+
+    torch sizes its autograd engine's per-device queues on the first backward pass of a process.
+    When that first pass was left to the replica threads (each runs one at setup), a replica's
+    backward pass failed torch's ``device_ready_queues_`` assert in 3 of about 30 launches on 4
+    PJRT CPU devices here (torch_xla 2.8 and 2.9): the engine had been sized for fewer devices than
+    the worker drives. One backward pass here, in the worker's only thread after the runtime
+    started, sizes the engine before any replica runs; no launch failed that way since (14 launches).
+    """
+    import torch
+    import torch_xla
+    from torch_xla._internal import pjrt
+
+    pjrt.initialize_multiprocess(local_rank, local_world_size)
+    torch.zeros(1, device=torch_xla.device(), requires_grad=True).sum().backward()
+
+
 def _worker_main(
     local_rank: int,
     local_world_size: int,
@@ -391,7 +409,7 @@ def _worker_main(
 
         watchdog = _Watchdog(channel, timeout) if timeout else None
         replica = partial(_run_one_replica, channel, watchdog, wrapping_function, args)
-        pjrt._run_thread_per_device(local_rank, local_world_size, replica, pjrt.initialize_multiprocess)
+        pjrt._run_thread_per_device(local_rank, local_world_size, replica, _initialize_worker)
         channel.send("finished")
         code = 0
     except BaseException as error:  # noqa: BLE001 - the start-up failed: report it, never return into the fork
