@@ -379,10 +379,10 @@ def _initialize_worker(local_rank: int, local_world_size: int) -> None:
 
     torch sizes its autograd engine's per-device queues on the first backward pass of a process.
     When that first pass was left to the replica threads (each runs one at setup), a replica's
-    backward pass failed torch's ``device_ready_queues_`` assert in 3 of about 30 launches on 4
-    PJRT CPU devices here (torch_xla 2.8 and 2.9): the engine had been sized for fewer devices than
-    the worker drives. One backward pass here, in the worker's only thread after the runtime
-    started, sizes the engine before any replica runs; no launch failed that way since (14 launches).
+    backward pass now and then failed torch's ``device_ready_queues_`` assert on 4 PJRT CPU devices
+    (three times in a day's test runs, torch_xla 2.8 and 2.9): the engine had been sized for fewer
+    devices than the worker drives. One backward pass here, in the worker's only thread after the
+    runtime started, sizes the engine before any replica runs; no launch has failed that way since.
     """
     import torch
     import torch_xla
