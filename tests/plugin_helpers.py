@@ -6,6 +6,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Optional
 
+import pytest
+
 from trainer_plugins import Catalog, PluginManager, PluginRecord, _builtin, hookimpl
 
 API = ">=1.0,<2"
@@ -34,3 +36,17 @@ def manager_with(*plugins: tuple[str, Any], builtin: bool = True, controls: Any 
 def catalog_with(*plugins: tuple[str, Any], builtin: bool = True) -> Catalog:
     """The catalogue of :func:`manager_with`."""
     return Catalog.build(manager_with(*plugins, builtin=builtin))
+
+
+def require_fixture_plugins(distribution_name: str, what: str) -> None:
+    """Skip the calling test module unless fixture distribution ``distribution_name`` is installed.
+
+    The fixture plugins under tests/fixtures/ are installed only in the ``platform`` tox environment;
+    ``what`` says which of them the module needs, in the skip reason.
+    """
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution(distribution_name)
+    except PackageNotFoundError:
+        pytest.skip(f"the {what} are installed only in the `platform` tox environment", allow_module_level=True)

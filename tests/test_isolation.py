@@ -15,16 +15,12 @@ import os
 import subprocess
 import sys
 import warnings
-from importlib.metadata import PackageNotFoundError, distribution
+from importlib.metadata import distribution
 
 import pytest
+from plugin_helpers import require_fixture_plugins
 
-try:
-    distribution("tp-fixture-hanging-probe")
-except PackageNotFoundError:
-    pytest.skip(
-        "the isolation fixture plugins are installed only in the `platform` tox environment", allow_module_level=True
-    )
+require_fixture_plugins("tp-fixture-hanging-probe", "isolation fixture plugins")
 
 L = pytest.importorskip("lightning")
 from lightning.pytorch.accelerators import CPUAccelerator  # noqa: E402

@@ -123,7 +123,12 @@ def test_fetch_reads_every_pending_tensor_in_one_transfer():
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"), [("XLA_PLUGINS_METRIC_READS", "sometimes"), ("XLA_PLUGINS_METRIC_READ_INTERVAL", "-1")]
+    ("variable", "value"),
+    [
+        ("XLA_PLUGINS_METRIC_READS", "sometimes"),
+        ("XLA_PLUGINS_METRIC_READ_INTERVAL", "-1"),
+        ("XLA_PLUGINS_METRIC_READ_INTERVAL", "nan"),
+    ],
 )
 def test_invalid_read_settings_name_the_value_and_the_choices(monkeypatch, variable, value):
     from xla_plugins import metrics

@@ -9,17 +9,13 @@ naming its distribution, version and original exception.
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, distribution
+from importlib.metadata import distribution
 
 import pytest
 from conftest import run_python
+from plugin_helpers import require_fixture_plugins
 
-try:
-    distribution("tp-fixture-twin-a")
-except PackageNotFoundError:
-    pytest.skip(
-        "the broken fixture plugins are installed only in the `platform` tox environment", allow_module_level=True
-    )
+require_fixture_plugins("tp-fixture-twin-a", "broken fixture plugins")
 
 L = pytest.importorskip("lightning")
 

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -32,6 +33,30 @@ MIN_TORCH_XLA = Version("2.8")
 #: Seconds the PJRT device probe may take (a TPU host needs a few seconds to start its client).
 PROBE_TIMEOUT_S = 180.0
 _INSTALL_HINT = "pip install 'xla-plugins' (which pulls torch_xla), or pip install 'torch_xla==<your torch version>'"
+
+
+def seconds_from_environment(variable: str, default: float, meaning: str) -> float:
+    """Seconds (a finite number >= 0) from environment variable ``variable``; ``default`` when unset or blank.
+
+    Args:
+        variable: name of the environment variable, e.g. ``XLA_PLUGINS_REPLICA_TIMEOUT``.
+        default: seconds returned when the variable is unset or blank.
+        meaning: what the seconds are for, quoted in the error ("the seconds a replica may ...").
+
+    Raises:
+        ValueError: the value is not a finite number >= 0; the message names the variable, its
+            value, what it means and the default.
+    """
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{variable}={text!r} is not valid: give {meaning}, a number >= 0 (default {default:g}).")
+    return seconds
 
 
 def torch_xla_version() -> Version | None:

@@ -36,6 +36,8 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import _METRIC
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
+from xla_plugins import _runtime
+
 #: Variable that selects the read policy: ``lazy`` (default) or ``eager`` (Lightning's own reads).
 READS_VARIABLE = "XLA_PLUGINS_METRIC_READS"
 #: Variable that sets the shortest time between two on-step progress-bar reads, in seconds.
@@ -63,16 +65,9 @@ def read_interval_s() -> float:
     Raises:
         ValueError: the value is not a number >= 0; the message names it.
     """
-    text = os.environ.get(INTERVAL_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_READ_INTERVAL_S
-    try:
-        interval = float(text)
-    except ValueError:
-        interval = -1.0
-    if not interval >= 0:
-        raise ValueError(f"{INTERVAL_VARIABLE}={text!r} is not valid; give a number of seconds >= 0.")
-    return interval
+    return _runtime.seconds_from_environment(
+        INTERVAL_VARIABLE, DEFAULT_READ_INTERVAL_S, "the seconds between two reads of the progress-bar metrics"
+    )
 
 
 def fetch(data: Any) -> Any:

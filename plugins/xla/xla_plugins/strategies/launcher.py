@@ -51,6 +51,8 @@ from lightning.pytorch.strategies.launchers.xla import _XLALauncher as _Lightnin
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from xla_plugins import _runtime
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
@@ -117,18 +119,11 @@ def replica_timeout() -> Optional[float]:
     Raises:
         ValueError: the variable is not a number of seconds >= 0 (the message names it and its value).
     """
-    text = os.environ.get(REPLICA_TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_REPLICA_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(
-            f"{REPLICA_TIMEOUT_VARIABLE}={text!r} is not valid: give the seconds a replica may make no progress"
-            f" before the run stops (a number > 0), or 0 to turn the watch off (default {DEFAULT_REPLICA_TIMEOUT_S:g})."
-        )
+    seconds = _runtime.seconds_from_environment(
+        REPLICA_TIMEOUT_VARIABLE,
+        DEFAULT_REPLICA_TIMEOUT_S,
+        "the seconds a replica may make no progress before the run stops (0 turns the watch off)",
+    )
     return seconds or None
 
 
