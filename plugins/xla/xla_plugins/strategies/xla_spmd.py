@@ -39,6 +39,8 @@ class _OneProcessOverAMesh:
     """
 
     _mesh: Optional[Any] = None
+    #: The strategy's name in start-up log lines.
+    _log_name = "xla_spmd"
 
     def __init__(self, *, batch: str = _batches.PER_DEVICE, checkpoint_io: Optional[Any] = None, **kwargs: Any) -> None:
         _runtime.require_torch_xla()
@@ -97,15 +99,24 @@ class _OneProcessOverAMesh:
         return self._mesh
 
     def _enter_spmd(self) -> None:
-        """Enter SPMD mode (``torch_xla.runtime.use_spmd``) and build a 1-D mesh over all devices."""
-        import numpy as np
-        import torch_xla.distributed.spmd as xs
+        """Enter SPMD mode (``torch_xla.runtime.use_spmd``) and build the mesh over all devices."""
         import torch_xla.runtime as xr
 
         if not xr.is_spmd():  # SPMD mode is permanent: a second run in this process is already in it
             xr.use_spmd()
-        count = xr.global_runtime_device_count()
-        self._mesh = xs.Mesh(np.arange(count), (count,), (DATA_AXIS,))
+        self._mesh = self._build_mesh(xr.global_runtime_device_count())
+
+    def _build_mesh(self, count: int) -> Any:
+        """A 1-D mesh over ``count`` devices, axis :data:`DATA_AXIS` (sharded strategies build their own)."""
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+
+        return xs.Mesh(np.arange(count), (count,), (DATA_AXIS,))
+
+    @property
+    def batch_axes(self) -> Union[str, tuple[str, ...]]:
+        """The mesh axis (or axes, major first) a batch's first dimension is sharded over: :data:`DATA_AXIS`."""
+        return DATA_AXIS
 
     def shard_batch(self, batch: Any) -> Any:
         """Move ``batch``'s tensors to the virtual device and shard their first dimension over the mesh.
@@ -117,7 +128,7 @@ class _OneProcessOverAMesh:
         def shard(tensor: Tensor) -> Tensor:
             tensor = tensor.to(self.root_device)
             if self._mesh is not None and tensor.dim() > 0:
-                xs.mark_sharding(tensor, self._mesh, (DATA_AXIS,) + (None,) * (tensor.dim() - 1))
+                xs.mark_sharding(tensor, self._mesh, (self.batch_axes,) + (None,) * (tensor.dim() - 1))
             return tensor
 
         return apply_to_collection(batch, Tensor, shard)
@@ -132,7 +143,7 @@ class _OneProcessOverAMesh:
         line = _batches.describe(dataloader, self.batch, self.num_devices)
         if line not in self._described:
             self._described.add(line)
-            rank_zero_info(f"trainer-plugins: xla_spmd: {line}")
+            rank_zero_info(f"trainer-plugins: {self._log_name}: {line}")
         per_step = _batches.loader_batches_per_step(self.batch, self.num_devices)
         return _batches.GlobalBatches(dataloader, per_step, transform)
 
