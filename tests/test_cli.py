@@ -26,7 +26,7 @@ def test_list_shows_each_plugin_its_distribution_state_and_names():
     result = cli("list")
     assert result.returncode == 0
     assert f"xla  [xla-plugins {version('xla-plugins')}]  loaded" in result.stdout
-    assert "    strategy: single_xla, single_tpu (deprecated), xla, xla_debug, xla_spmd" in result.stdout
+    assert "    strategy: single_xla, single_tpu (deprecated), xla, xla_debug, xla_spmd, xla_fsdp_v2" in result.stdout
     assert "accelerator 'tpu' is claimed by lightning" in result.stdout  # the XLA plugin's override, reported
 
 

@@ -73,6 +73,12 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             fabric=f"{_PKG}.strategies.xla_spmd:FabricXLASPMDStrategy",
             description="all devices from one process, batch sharded over a mesh (torch_xla SPMD)",
         ),
+        StrategyEntry(
+            "xla_fsdp_v2",
+            trainer=f"{_PKG}.strategies.xla_fsdp_v2:XLAFSDPv2Strategy",
+            fabric=f"{_PKG}.strategies.xla_fsdp_v2:FabricXLAFSDPv2Strategy",
+            description="parameters, gradients and optimizer state sharded over a mesh (torch_xla SPMD FSDPv2)",
+        ),
     ]
 
 
