@@ -62,6 +62,10 @@ def test_doctor_describes_the_xla_runtime():
         "runtime": "PJRT",
         "device type": "CPU",
         "device count": 4,
+        "host index": 0,  # one host: no warnings (tests/test_pod_slices.py has a simulated slice)
+        "host count": 1,
+        "local device count": 4,
+        "global device count": 4,
     }
     assert backends[f"lightning (lightning {version('lightning')})"]["lightning"] == version("lightning")
 

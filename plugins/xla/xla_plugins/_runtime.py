@@ -16,10 +16,11 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from packaging.version import Version
 
@@ -220,24 +221,18 @@ def device_type() -> str:
 
 
 def device_count() -> int:
-    """Number of devices of the active PJRT device type, as the PJRT runtime reports it.
+    """Number of devices of this host for the active PJRT device type, as the PJRT runtime reports it.
 
-    ``torch_xla.runtime.global_runtime_device_count()`` needs a started runtime, and starting one in
-    the main process would lock TPU chips and forbid ``xmp.spawn`` later. So unless this process
-    already runs the runtime, the count is taken in a short-lived forked child process and cached
-    per runtime configuration (``PJRT_*``, ``TPU_*``, ``*_NUM_DEVICES`` variables).
+    The devices one process drives on this host (``addressable_runtime_device_count``): Lightning's
+    ``devices`` flag counts the devices of one node, and on one host they are all the devices.
+    Taken from :func:`runtime_figures`, so a started runtime is not needed (see there).
 
     Raises:
         ModuleNotFoundError, RuntimeError: see :func:`require_torch_xla`; also ``RuntimeError``
             when the PJRT device cannot be started (the message quotes the runtime's error) or does
             not answer within :data:`PROBE_TIMEOUT_S` seconds.
     """
-    torch_xla = require_torch_xla()
-    if torch_xla._XLAC._xla_runtime_is_initialized():
-        import torch_xla.runtime as xr
-
-        return xr.global_runtime_device_count()
-    return _probed_device_count(_runtime_configuration())
+    return runtime_figures().addressable_device_count
 
 
 def _runtime_configuration() -> tuple[tuple[str, str], ...]:
@@ -246,10 +241,10 @@ def _runtime_configuration() -> tuple[tuple[str, str], ...]:
 
 
 @functools.lru_cache(maxsize=8)
-def _probed_device_count(configuration: tuple[tuple[str, str], ...]) -> int:
+def _probed_figures(configuration: tuple[tuple[str, str], ...]) -> RuntimeFigures:
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_report_device_count, args=(sender,), daemon=True)
+    child = context.Process(target=_report_figures, args=(sender,), daemon=True)
     child.start()
     sender.close()
     pjrt_device = os.environ.get("PJRT_DEVICE")
@@ -276,15 +271,13 @@ def _probed_device_count(configuration: tuple[tuple[str, str], ...]) -> int:
             f"PJRT_DEVICE={pjrt_device} is not usable here: {answer.rstrip('.')}."
             " Set PJRT_DEVICE to an attached device type (TPU, CUDA, CPU, ...)."
         )
-    return int(answer)
+    return RuntimeFigures(**answer)
 
 
-def _report_device_count(sender: Connection) -> None:
+def _report_figures(sender: Connection) -> None:
     # runs in the forked child: start the runtime, report, and leave without running exit handlers
     try:
-        import torch_xla.runtime as xr
-
-        sender.send((True, xr.global_runtime_device_count()))
+        sender.send((True, _read_figures().__dict__))
     except BaseException as error:  # noqa: BLE001 - everything is reported to the parent
         sender.send((False, runtime_error_text(error)))
     finally:
@@ -293,6 +286,97 @@ def _report_device_count(sender: Connection) -> None:
 
 
 _STACK_TRACE = re.compile(r"\*\*\* Begin stack trace \*\*\*.*?\*\*\* End stack trace \*\*\*", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class RuntimeFigures:
+    """What ``torch_xla.runtime`` reports about this process's (and replica thread's) place in the job.
+
+    The strategies and the XLA environment take world sizes and ranks from these figures only
+    (:mod:`xla_plugins.strategies._world` turns them into Lightning's), read through
+    :func:`runtime_figures`, the one adapter between the plugin and torch_xla's process and device
+    queries. Each field names the ``torch_xla.runtime`` function it comes from.
+
+    Attributes:
+        process_count: processes in the job across all hosts (``process_count()``).
+        process_index: this process's index in ``[0, process_count)`` (``process_index()``).
+        local_process_count: processes on this host (``local_process_count()``: one per TPU chip
+            under ``xmp.spawn``, 1 for an SPMD run or on PJRT CPU).
+        global_device_count: devices across all hosts (``global_runtime_device_count()``, which
+            counts physical devices also in SPMD mode, where ``global_device_count()`` is 1).
+        addressable_device_count: devices this process drives (``addressable_runtime_device_count()``).
+        global_ordinal: this replica thread's ordinal across all hosts (``global_ordinal()``; 0 in
+            SPMD mode, where one process drives the virtual device).
+        local_ordinal: this replica thread's ordinal on its host (``local_ordinal()``).
+    """
+
+    process_count: int
+    process_index: int
+    local_process_count: int
+    global_device_count: int
+    addressable_device_count: int
+    global_ordinal: int = 0
+    local_ordinal: int = 0
+
+
+#: The test double's figures source while :func:`simulated_runtime` is active (``None``: torch_xla's).
+_figures_source: Optional[Callable[[], RuntimeFigures]] = None
+
+
+def runtime_figures() -> RuntimeFigures:
+    """This process's :class:`RuntimeFigures`, read from ``torch_xla.runtime``; inside
+    :func:`simulated_runtime`, the simulated figures instead.
+
+    The figures need a started runtime, and starting one in the main process would lock TPU chips
+    and forbid ``xmp.spawn`` later. So unless this process already runs the runtime, they are read
+    in a short-lived forked child process (ordinals 0) and cached per runtime configuration
+    (``PJRT_*``, ``TPU_*``, ``*_NUM_DEVICES`` variables).
+
+    Raises:
+        ModuleNotFoundError, RuntimeError: see :func:`require_torch_xla`; also ``RuntimeError`` when
+            the PJRT device cannot be started (the message quotes the runtime's error) or does not
+            answer within :data:`PROBE_TIMEOUT_S` seconds.
+    """
+    if _figures_source is not None:
+        return _figures_source()
+    torch_xla = require_torch_xla()
+    if torch_xla._XLAC._xla_runtime_is_initialized():
+        return _read_figures()
+    return _probed_figures(_runtime_configuration())
+
+
+def _read_figures() -> RuntimeFigures:
+    import torch_xla.runtime as xr
+
+    return RuntimeFigures(
+        process_count=xr.process_count(),
+        process_index=xr.process_index(),
+        local_process_count=xr.local_process_count(),
+        global_device_count=xr.global_runtime_device_count(),
+        addressable_device_count=xr.addressable_runtime_device_count(),
+        global_ordinal=xr.global_ordinal(),
+        local_ordinal=xr.local_ordinal(),
+    )
+
+
+@contextlib.contextmanager
+def simulated_runtime(source: Callable[[], RuntimeFigures]) -> Iterator[None]:
+    """Make :func:`runtime_figures` return ``source()``: the test double for a multi-host slice.
+
+    No TPU pod is needed to test what the strategies do on one: inside this context every world
+    size, rank and data share the plugin computes comes from ``source`` (called on every read, so it
+    may answer per thread). torch_xla itself is not touched: devices, graphs and collectives stay
+    real. Nested use restores the outer source on exit.
+
+    Args:
+        source: a callable returning the simulated :class:`RuntimeFigures`.
+    """
+    global _figures_source
+    outer, _figures_source = _figures_source, source
+    try:
+        yield
+    finally:
+        _figures_source = outer
 
 
 def runtime_error_text(error: BaseException) -> str:
@@ -384,10 +468,63 @@ def describe() -> dict[str, object]:
     try:
         info["runtime"] = "PJRT" if require_torch_xla() is not None else "?"
         info["device type"] = device_type()
-        info["device count"] = device_count()
+        figures = runtime_figures()
     except (ModuleNotFoundError, RuntimeError) as error:
         info["error"] = runtime_error_text(error)
+        return info
+    info["device count"] = figures.addressable_device_count
+    info.update(host_view(figures))
+    for number, warning in enumerate(host_warnings(figures), start=1):
+        info[f"warning {number}"] = warning
     return info
+
+
+#: Distributions whose versions must be the same on every host of a slice (``doctor`` shows them).
+SLICE_DISTRIBUTIONS = ("torch", "torch_xla", "libtpu", "lightning", "trainer-plugins", "xla-plugins")
+
+
+def host_view(figures: RuntimeFigures) -> dict[str, object]:
+    """The runtime's view of this host for ``doctor``: host index and count, local and global devices.
+
+    A host is one process of a one-process-per-host run (how ``doctor``'s probe and the SPMD
+    strategies start the runtime): host index ``process_index()``, host count ``process_count()``,
+    local devices ``addressable_runtime_device_count()``, global ``global_runtime_device_count()``.
+    """
+    return {
+        "host index": figures.process_index,
+        "host count": figures.process_count,
+        "local device count": figures.addressable_device_count,
+        "global device count": figures.global_device_count,
+    }
+
+
+def host_warnings(figures: RuntimeFigures) -> list[str]:
+    """What could differ between the hosts of a slice, as far as this host can see (``doctor``).
+
+    Nothing on one host. On several: ``PJRT_DEVICE`` unset (each host then picks its own device,
+    :func:`require_torch_xla`); the versions of :data:`SLICE_DISTRIBUTIONS`, which must match on
+    every host and can only be compared across the hosts' outputs; devices that do not add up
+    (``global != hosts x local``: hosts with different device counts).
+    """
+    if figures.process_count <= 1:
+        return []
+    warnings_ = []
+    if not os.environ.get("PJRT_DEVICE", "").strip():
+        warnings_.append(
+            "PJRT_DEVICE is not set: each host picks its own device type (TPU only where libtpu finds a chip);"
+            " set PJRT_DEVICE=TPU on every host"
+        )
+    versions = ", ".join(f"{name} {_version_or(name)}" for name in SLICE_DISTRIBUTIONS)
+    warnings_.append(
+        f"{figures.process_count} hosts: every host must run the same versions ({versions}) and environment;"
+        " compare this output across hosts (run it with --worker=all)"
+    )
+    if figures.global_device_count != figures.process_count * figures.addressable_device_count:
+        warnings_.append(
+            f"{figures.global_device_count} global devices are not {figures.process_count} hosts x"
+            f" {figures.addressable_device_count} local devices: the hosts have different device counts"
+        )
+    return warnings_
 
 
 def _pjrt_device_shown() -> str:

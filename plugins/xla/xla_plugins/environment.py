@@ -9,6 +9,7 @@ from lightning.fabric.plugins.environments.xla import XLAEnvironment as _Lightni
 from typing_extensions import override
 
 from xla_plugins import _runtime
+from xla_plugins._world import World, one_replica_per_device
 
 log = logging.getLogger(__name__)
 
@@ -36,30 +37,30 @@ class XLAEnvironment(_LightningXLAEnvironment):
 
         return XLAAccelerator.is_available()
 
+    def world(self) -> World:
+        """This replica's :class:`~xla_plugins._world.World` (one replica per device).
+
+        From :func:`~xla_plugins._world.one_replica_per_device` over the runtime's
+        figures (:func:`~xla_plugins._runtime.runtime_figures`).
+        """
+        return one_replica_per_device(_runtime.runtime_figures())
+
     @override
     def world_size(self) -> int:  # type: ignore[override]  # Lightning's is cached
-        """Number of replicas across all hosts: ``torch_xla.runtime.world_size()``."""
-        import torch_xla.runtime as xr
-
-        return xr.world_size()
+        """Replicas across all hosts: the slice's devices (``torch_xla.runtime.global_runtime_device_count()``)."""
+        return self.world().world_size
 
     @override
     def global_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Replica index across all hosts: ``torch_xla.runtime.global_ordinal()``."""
-        import torch_xla.runtime as xr
-
-        return xr.global_ordinal()
+        return self.world().global_rank
 
     @override
     def local_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
         """Replica index on this host: ``torch_xla.runtime.local_ordinal()``."""
-        import torch_xla.runtime as xr
-
-        return xr.local_ordinal()
+        return self.world().local_rank
 
     @override
     def node_rank(self) -> int:  # type: ignore[override]  # Lightning's is cached
-        """Index of this host: ``torch_xla.runtime.host_index()``."""
-        import torch_xla.runtime as xr
-
-        return xr.host_index()
+        """Index of this host: ``process_index() // local_process_count()`` (the TPU worker id)."""
+        return self.world().node_rank

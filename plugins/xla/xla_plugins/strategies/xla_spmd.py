@@ -19,9 +19,10 @@ from lightning_utilities import apply_to_collection
 from torch import Tensor
 from typing_extensions import override
 
-from xla_plugins import _runtime
+from xla_plugins import _runtime, _world
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._hosts import HostGroup
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._reduce import reduce_op_name
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -39,6 +40,7 @@ class _OneProcessOverAMesh:
     """
 
     _mesh: Optional[Any] = None
+    _hosts: Optional[HostGroup] = None
     #: The strategy's name in start-up log lines.
     _log_name = "xla_spmd"
 
@@ -49,15 +51,48 @@ class _OneProcessOverAMesh:
         super().__init__(checkpoint_io=checkpoint_io if checkpoint_io is not None else XLACheckpointIO(), **kwargs)  # type: ignore[call-arg]
 
     def setup_environment(self) -> None:
-        """Enter SPMD mode and build the data mesh, then start the runtime on the virtual device."""
+        """Enter SPMD mode and build the data mesh, join the other hosts (if any), then start the runtime."""
         self._enter_spmd()
+        self._join_hosts()
         super().setup_environment()  # type: ignore[misc]
 
+    @property
+    def hosts(self) -> HostGroup:
+        """The collectives between the hosts of this run (:class:`~xla_plugins.strategies._hosts.HostGroup`)."""
+        if self._hosts is None:
+            self._hosts = HostGroup(self.world)
+        return self._hosts
+
+    def _join_hosts(self) -> None:
+        """On several hosts: join their process group and make only global rank 0 log as rank zero.
+
+        Lightning's DDP sets ``rank_zero_only.rank`` to its global rank the same way.
+
+        Raises:
+            RuntimeError: see :meth:`~xla_plugins.strategies._hosts.HostGroup.connect`.
+        """
+        hosts = self.hosts
+        if not hosts.several:
+            return
+        hosts.connect()
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+        from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
+
+        rank_zero_only.rank = utilities_rank_zero_only.rank = hosts.world.global_rank  # type: ignore[attr-defined]
+
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        """Run pending graphs, then write full CPU tensors on rank 0 (``XLACheckpointIO``)."""
+        """Run pending graphs on every host, wait for all hosts, then write full CPU tensors on global rank 0.
+
+        Every host must call it (Lightning's ``Trainer.save_checkpoint`` and ``Fabric.save`` are
+        called on every rank). Lightning's ``save_checkpoint`` writes on global rank 0 only, through
+        ``XLACheckpointIO``, whose copy to CPU would run any still pending graph on rank 0 alone
+        (a graph that, under SPMD on several hosts, the other hosts never join); so every host syncs
+        first, and rank 0 writes once all have (:meth:`barrier`).
+        """
         import torch_xla
 
         torch_xla.sync()
+        self.barrier("xla_plugins.save_checkpoint")
         super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
 
     @property
@@ -66,25 +101,71 @@ class _OneProcessOverAMesh:
         return torch.device("xla", 0)
 
     @property
+    def world(self) -> _world.World:
+        """This host's world: one process per host (:func:`~xla_plugins._world.one_process_per_host`).
+
+        Read from ``torch_xla.runtime`` through :func:`~xla_plugins._runtime.runtime_figures` (a
+        probe process before the runtime runs here). On one host: world size 1, every rank 0.
+
+        Raises:
+            ValueError: the runtime's figures are inconsistent or show several processes per host.
+        """
+        return _world.one_process_per_host(_runtime.runtime_figures())
+
+    @property
     def world_size(self) -> int:
-        return 1
+        """Hosts of the slice (``torch_xla.runtime.process_count()``); 1 on one host."""
+        return self.world.world_size
 
     @property
     def global_rank(self) -> int:
-        return 0
+        """This host's index (``torch_xla.runtime.process_index()``); 0 on one host."""
+        return self.world.global_rank
 
     @property
     def local_rank(self) -> int:
-        return 0
+        """0: one process per host."""
+        return self.world.local_rank
 
     @property
     def node_rank(self) -> int:
-        return 0
+        """This host's index, as :attr:`global_rank` (one process per host)."""
+        return self.world.node_rank
 
     @property
-    def distributed_sampler_kwargs(self) -> None:
-        """``None``: no sampler is injected; the loader's own order is dealt out to the devices."""
-        return None
+    def num_nodes(self) -> int:
+        """Hosts of the slice, from the runtime (Lightning's ``num_nodes`` flag is not needed)."""
+        return self.world.num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        # Lightning's connectors assign their `num_nodes` flag; the runtime's host count rules, as
+        # XLAEnvironment ignores Lightning's set_world_size.
+        self._num_nodes_flag = num_nodes
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether the run spans several hosts (the connector's rule 2 reads it).
+
+        ``False`` on one host: one process drives the mesh, so no sampler is injected and metrics
+        are not synced. ``True`` on several: Lightning then injects a ``DistributedSampler`` over the
+        hosts (:attr:`distributed_sampler_kwargs`) and syncs host values with :meth:`reduce`.
+        """
+        return self.world.world_size > 1
+
+    @property
+    def distributed_sampler_kwargs(self) -> Optional[dict[str, int]]:
+        """``None`` on one host (the loader's own order is dealt out to the devices); on several,
+        ``{"num_replicas": hosts, "rank": host}``: each host loads its own share of the data set
+        (see :func:`~xla_plugins._world.host_sampler_kwargs`)."""
+        return _world.host_sampler_kwargs(self.world)
+
+    @property
+    def local_num_devices(self) -> int:
+        """Devices of this host: its share of the mesh (of ``parallel_devices``, this host's, before setup)."""
+        if self._mesh is not None:
+            return max(1, int(self._mesh.size()) // self.world.world_size)
+        return len(getattr(self, "parallel_devices", None) or ()) or 1
 
     @property
     def num_devices(self) -> int:
@@ -121,11 +202,20 @@ class _OneProcessOverAMesh:
     def shard_batch(self, batch: Any) -> Any:
         """Move ``batch``'s tensors to the virtual device and shard their first dimension over the mesh.
 
-        Uneven first dimensions are padded by XLA; scalars stay replicated.
+        On one host the batch is the global batch; uneven first dimensions are padded by XLA and
+        scalars stay replicated. On several hosts the batch is this host's share of the global batch
+        and goes to the device with torch_xla's ``minibatch`` input sharding
+        (``xs.ShardingSpec(mesh, ..., minibatch=True)``, as ``MpDeviceLoader(input_sharding=...)``
+        sends it), which assembles the global batch from every host's share; torch_xla then requires
+        each host's share to divide evenly by its devices.
         """
         import torch_xla.distributed.spmd as xs
 
+        several = self.hosts.several
+
         def shard(tensor: Tensor) -> Tensor:
+            if several and self._mesh is not None and tensor.dim() > 0:
+                return _send_host_share(tensor, self._mesh, self.batch_axes, self.root_device)
             tensor = tensor.to(self.root_device)
             if self._mesh is not None and tensor.dim() > 0:
                 xs.mark_sharding(tensor, self._mesh, (self.batch_axes,) + (None,) * (tensor.dim() - 1))
@@ -140,32 +230,60 @@ class _OneProcessOverAMesh:
         """
         if isinstance(dataloader, _batches.GlobalBatches):
             return dataloader
-        line = _batches.describe(dataloader, self.batch, self.num_devices)
+        line = _batches.describe(dataloader, self.batch, self.local_num_devices)
+        if self.hosts.several:
+            line += f"; on each of {self.world.world_size} hosts (each loads its own share of the data set)"
         if line not in self._described:
             self._described.add(line)
             rank_zero_info(f"trainer-plugins: {self._log_name}: {line}")
-        per_step = _batches.loader_batches_per_step(self.batch, self.num_devices)
+        per_step = _batches.loader_batches_per_step(self.batch, self.local_num_devices)
         return _batches.GlobalBatches(dataloader, per_step, transform)
 
     def _as_global(self, tensor: Any, reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
-        """A reduction over one process: ``tensor`` itself, already global (computed over the global batch).
+        """``tensor`` reduced as DDP reduces over its ranks (here: the hosts).
+
+        An XLA tensor is returned as it is: it is global already (computed over the global batch).
+        On one host, a number becomes a tensor on the device. On several hosts, numbers and CPU
+        tensors are host values and are reduced over the hosts
+        (:meth:`~xla_plugins.strategies._hosts.HostGroup.reduce`).
 
         Raises:
             ValueError: ``reduce_op`` is not one Lightning supports (see
                 :func:`~xla_plugins.strategies._reduce.reduce_op_name`).
         """
         reduce_op_name(reduce_op)
+        if self.hosts.several:
+            return self.hosts.reduce(tensor, reduce_op)
         return tensor if isinstance(tensor, Tensor) else torch.tensor(tensor, device=self.root_device)
 
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
-        """Return ``tensor``: in SPMD every tensor is global already."""
-        return tensor
+        """``tensor`` itself when it is an XLA tensor (global already) or on one host; on several hosts a
+        CPU tensor of each host, stacked along a new first dimension as DDP gathers."""
+        return self.hosts.all_gather(tensor)
 
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        return obj
+        """``obj`` of host ``src`` on every host (itself on one host)."""
+        return self.hosts.broadcast(obj, src)
 
     def barrier(self, name: Optional[str] = None, *args: Any, **kwargs: Any) -> None:
-        """Nothing to wait for: one process."""
+        """Wait for every host (nothing to wait for on one host: one process)."""
+        self.hosts.barrier()
+
+
+def _send_host_share(tensor: Tensor, mesh: Any, axes: Union[str, tuple[str, ...]], device: torch.device) -> Tensor:
+    """Send one host's share ``tensor`` (CPU) to ``device`` as its rows of a batch sharded over ``mesh``'s ``axes``.
+
+    torch_xla's multi-host input path (``xm.send_cpu_data_to_device`` with a ``minibatch``
+    ``ShardingSpec``): the global batch is the hosts' shares joined along the first dimension.
+
+    Raises:
+        RuntimeError: torch_xla's, when the share's first dimension does not divide by this host's devices.
+    """
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+
+    spec = xs.ShardingSpec(mesh, (axes,) + (None,) * (tensor.dim() - 1), minibatch=True)
+    return xm.send_cpu_data_to_device([tensor.cpu()], device, spec)[0]
 
 
 class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy):  # type: ignore[misc]
@@ -186,10 +304,16 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
     loader batch is the global batch, split N ways. The start-up log states both batches (see
     :mod:`xla_plugins.strategies._batches`).
 
-    Lightning's contract, for one process driving N devices: ``world_size`` is 1 and every rank is
-    0; the connector's ``is_distributed`` is ``False`` (one process: no sampler injection, no
-    metric syncing, and Lightning's tuners such as the batch-size finder work; the finder scales
-    the per-device batch). ``reduce`` (sum, mean/avg, max, min), ``all_gather`` and ``broadcast``
+    Lightning's contract, for one process driving N devices: on one host ``world_size`` is 1 and
+    every rank is 0; the connector's ``is_distributed`` is ``False`` (one process: no sampler
+    injection, no metric syncing, and Lightning's tuners such as the batch-size finder work; the
+    finder scales the per-device batch). On a slice of several hosts (one process each) every
+    host is a rank: ``world_size`` is the number of hosts, ``global_rank`` the host's process
+    index (:func:`~xla_plugins._world.one_process_per_host`), ``is_distributed`` is ``True``, a
+    ``DistributedSampler`` over the hosts gives each host its share, which goes to the mesh with
+    torch_xla's ``minibatch`` input sharding, and host values are reduced across the hosts
+    (:class:`~xla_plugins.strategies._hosts.HostGroup`).
+    ``reduce`` (sum, mean/avg, max, min), ``all_gather`` and ``broadcast``
     see global tensors and return them as they are, which are the values one device or DDP give;
     so ``self.log(..., sync_dist=True, reduce_fx=...)`` logs the right value. The device RNG is
     seeded from torch's seed at setup (see :func:`~xla_plugins.strategies._seed.seed_device`).
@@ -234,7 +358,13 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
 
     @override
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None, dataloader_idx: int = 0) -> Any:
-        """Run the module's batch-transfer hooks, then shard the batch over the mesh (:meth:`shard_batch`)."""
+        """Run the module's batch-transfer hooks, then shard the batch over the mesh (:meth:`shard_batch`).
+
+        On several hosts the hooks run on the CPU (``device`` is the CPU): each host's batch is its
+        share, which only the sharded transfer may put on the device.
+        """
+        if self.hosts.several:
+            device = torch.device("cpu")
         return self.shard_batch(super().batch_to_device(batch, device, dataloader_idx))
 
     @override
