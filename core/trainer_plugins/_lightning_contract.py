@@ -30,7 +30,8 @@ class PrivateMethod(NamedTuple):
 class PrivateAttribute(NamedTuple):
     """A private attribute we read or replace: ``"module:Class"`` (or ``"module:"`` for a module) and its name.
 
-    An instance attribute is checked by its assignment ``self.<name> =`` in the class's source.
+    An instance attribute is checked by its assignment ``self.<name> =`` in the class's source, a
+    class attribute by the class's own namespace.
     """
 
     path: str
@@ -139,7 +140,8 @@ def contract_violations(
             present = hasattr(owner, attribute.name)
         else:
             source = "".join(inspect.getsource(cls) for cls in inspect.getmro(owner) if cls.__module__ != "builtins")  # type: ignore[arg-type]
-            present = f"self.{attribute.name} =" in source or f"self.{attribute.name}:" in source
+            assigned = f"self.{attribute.name} =" in source or f"self.{attribute.name}:" in source
+            present = assigned or attribute.name in vars(owner)  # type: ignore[arg-type]
         if not present:
             problems.append(f"{path}: no attribute {attribute.name}")
     return problems

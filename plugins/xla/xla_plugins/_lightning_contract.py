@@ -28,6 +28,11 @@ METHODS = (
     PrivateMethod(f"{_RESULT}:_ResultCollection.cpu", ("self",)),
     PrivateMethod(f"{_LOGGER}.log_metrics", ("self", "metrics", "step")),
     PrivateMethod(f"{_LOGGER}.teardown", ("self",)),
+    # xla_plugins.closure
+    PrivateMethod(
+        "lightning.pytorch.loops.optimization.automatic:ClosureResult.from_training_step_output",
+        ("training_step_output", "normalize"),
+    ),
     # xla_plugins.progress
     PrivateMethod(
         "lightning.pytorch.callbacks.progress.tqdm_progress:TQDMProgressBar._should_update",
@@ -69,4 +74,5 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_forward_cache"),
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_computed"),
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
+    PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
 )

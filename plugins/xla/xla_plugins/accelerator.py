@@ -51,13 +51,15 @@ class XLAAccelerator(_LightningXLAAccelerator):
     @override
     def setup(self, trainer: Any) -> None:
         """Let ``trainer`` read logged metrics at its readers' cadence (see :mod:`xla_plugins.metrics`),
-        and redraw Lightning's default progress bar by the clock (see :mod:`xla_plugins.progress`).
+        redraw Lightning's default progress bar by the clock (see :mod:`xla_plugins.progress`), and
+        trace no division by one into each training step (see :mod:`xla_plugins.closure`).
 
         Raises:
             ValueError: ``XLA_PLUGINS_METRIC_READS`` or ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is invalid.
         """
-        from xla_plugins import metrics, progress
+        from xla_plugins import closure, metrics, progress
 
+        closure.install(trainer)
         if metrics.install(trainer):
             progress.install(trainer)
 

@@ -1,0 +1,98 @@
+"""A quiet Trainer's XLA step does the raw torch_xla loop's device work: the same graph, syncs and transfers.
+
+Counts, not times: benchmarks/step_counts.py runs the raw loop and the quiet Trainer (no progress
+bar, logger, checkpointing or summary) on the same model and data in one fresh interpreter and
+reports torch_xla's counters per steady-state step. The closure-result tests run on CPU tensors:
+:class:`xla_plugins.closure.ClosureResultOnXLA` is device-independent logic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "step_counts.py"
+
+
+@pytest.fixture(scope="module")
+def per_step() -> dict:
+    environ = {**os.environ, "PJRT_DEVICE": "CPU"}
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--modes", "raw,plugin"], env=environ, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.splitlines()[-1])["per_step"]
+
+
+def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
+    raw, plugin = per_step["raw"], per_step["plugin"]
+    assert raw["steps_counted"] == plugin["steps_counted"] == 64
+    # one sync, one graph executed, no compilation in steady state, as the raw loop
+    for counts in (raw, plugin):
+        assert counts["syncs"] == counts["graphs_executed"] == 1, counts
+        assert counts.get("compilations", 0) == 0, counts
+    # the same graph: Lightning's division of the loss by accumulate_grad_batches=1 (a division and
+    # its constant in the forward and the backward pass) is no longer traced
+    assert plugin["graph_nodes"] == raw["graph_nodes"], (raw, plugin)
+    assert "div" not in plugin["ops"], plugin["ops"]
+    # the batch's two tensors go to the device, nothing comes back
+    assert plugin["transfers_to_device"] == raw["transfers_to_device"] == 2
+    assert plugin.get("transfers_from_device", 0) == raw.get("transfers_from_device", 0) == 0
+    # what remains beyond the raw loop: Lightning's detached clone of the loss (one graph output more)
+    assert plugin["device_data_handles"] == raw["device_data_handles"] + 1, (raw, plugin)
+
+
+def test_a_loss_tensor_is_cloned_not_divided_when_nothing_accumulates():
+    import torch
+
+    from xla_plugins.closure import ClosureResultOnXLA
+
+    weight = torch.tensor(3.0, requires_grad=True)
+    loss = weight * 2
+    result = ClosureResultOnXLA.from_training_step_output(loss, 1)
+    # a new tensor, as Lightning's division makes, with the same value and gradient
+    assert result.closure_loss is not loss and result.closure_loss.grad_fn.name() == "CloneBackward0"
+    assert result.closure_loss.item() == 6.0 and result.loss.item() == 6.0 and not result.loss.requires_grad
+    result.closure_loss.backward()
+    assert weight.grad.item() == 2.0
+
+    extra = torch.tensor(1.0)
+    result = ClosureResultOnXLA.from_training_step_output({"loss": loss, "extra": extra}, 1)
+    assert result.closure_loss.grad_fn.name() == "CloneBackward0" and result.extra == {"extra": extra}
+    assert result.asdict()["loss"].item() == 6.0
+
+
+def test_lightnings_division_and_errors_stay_for_everything_else():
+    import torch
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from xla_plugins.closure import ClosureResultOnXLA
+
+    loss = torch.tensor(3.0, requires_grad=True) * 2
+    result = ClosureResultOnXLA.from_training_step_output(loss, 2)  # accumulate_grad_batches=2
+    assert result.closure_loss.grad_fn.name() == "DivBackward0" and result.closure_loss.item() == 3.0
+    assert ClosureResultOnXLA.from_training_step_output(None, 1).closure_loss is None
+    with pytest.raises(MisconfigurationException, match="'loss' key needs to be present"):
+        ClosureResultOnXLA.from_training_step_output({"other": loss}, 1)
+    with pytest.raises(MisconfigurationException, match="must return a Tensor, a dict, or None"):
+        ClosureResultOnXLA.from_training_step_output(1.0, 1)
+
+
+def test_the_xla_accelerator_installs_the_result_class_on_its_trainer_only():
+    import lightning as L
+    from lightning.pytorch.loops.optimization.automatic import ClosureResult
+
+    from xla_plugins.closure import ClosureResultOnXLA
+
+    flags = dict(devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    xla_trainer, cpu_trainer = L.Trainer(accelerator="xla", **flags), L.Trainer(accelerator="cpu", **flags)
+    xla_trainer.accelerator.setup(xla_trainer)
+    assert xla_trainer.fit_loop.epoch_loop.automatic_optimization.output_result_cls is ClosureResultOnXLA
+    assert cpu_trainer.fit_loop.epoch_loop.automatic_optimization.output_result_cls is ClosureResult
