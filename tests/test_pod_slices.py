@@ -174,6 +174,7 @@ def test_per_device_strategy_ranks_simulated_hosts(pod, name, api, cls):
             with on_host(pod.replica(host, device)):
                 assert strategy.world_size == pod.devices
                 assert (strategy.node_rank, strategy.local_rank) == (host, device)
+                assert strategy.num_nodes == pod.hosts
                 assert strategy.distributed_sampler_kwargs == {
                     "num_replicas": pod.devices,
                     "rank": strategy.global_rank,
@@ -298,8 +299,12 @@ def test_full_checkpoint_resumes_on_another_host_count_simulated_hosts(hosts, tm
 
 
 @pytest.mark.slow  # four interpreters importing torch and Lightning: about a minute on two busy cores
-def test_host_values_reduce_and_gather_as_ddp_and_xla_tensors_stay_global_simulated_hosts(tmp_path):
-    """Four real processes (gloo over a file store), each one simulated host of a 4-host slice."""
+def test_host_collectives_and_checkpoint_across_four_processes_simulated_hosts(tmp_path):
+    """Four real processes joined by gloo over a file store, each one simulated host of a 4-host slice.
+
+    Host values reduce, gather and broadcast to DDP's results; a full checkpoint is written once, by
+    global rank 0, after the last host reached it (the hosts arrive 0.5 s apart).
+    """
     script = tmp_path / "hosts.py"
     script.write_text(
         textwrap.dedent(
@@ -321,6 +326,29 @@ def test_host_values_reduce_and_gather_as_ddp_and_xla_tensors_stay_global_simula
             out["gather"] = hosts.all_gather(value).tolist()
             out["broadcast"] = hosts.broadcast({{"dir": f"version_{{rank}}"}}, src=0)
             hosts.barrier()
+
+            # a full checkpoint, in a real XLASPMDStrategy of each simulated host; later hosts arrive later
+            import time
+            from simulated_pod import on_host
+            from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
+
+            events = open("{tmp_path}/events", "a", buffering=1)
+            with on_host(SLICES[1].host(rank)):
+                strategy = XLASPMDStrategy(parallel_devices=[torch.device("xla", i) for i in range(4)])
+                strategy._join_hosts()  # the gloo group is open already: joined, checked against the figures
+                out["decisions"] = [
+                    strategy.reduce_boolean_decision(rank == 0),  # all: only host 0 says yes
+                    strategy.reduce_boolean_decision(rank == 0, all=False),  # any
+                    strategy.reduce_boolean_decision(True),
+                ]
+                write = strategy.checkpoint_io.save_checkpoint
+                def spy(*args, **kwargs):
+                    events.write(f"write {{rank}} {{time.time()}}\\n")
+                    write(*args, **kwargs)
+                strategy.checkpoint_io.save_checkpoint = spy
+                time.sleep(0.5 * rank)
+                events.write(f"enter {{rank}} {{time.time()}}\\n")
+                strategy.save_checkpoint({{"w": torch.full((3,), float(rank))}}, "{tmp_path}/full.ckpt")
             print(json.dumps(out))
             """
         )
@@ -343,6 +371,13 @@ def test_host_values_reduce_and_gather_as_ddp_and_xla_tensors_stay_global_simula
         assert result["max"] == [4.0] and result["min"] == [1.0]
         assert result["number"] == 6 and result["gather"] == [[1.0], [2.0], [3.0], [4.0]]
         assert result["broadcast"] == {"dir": "version_0"}
+        assert result["decisions"] == [False, True, True]  # ModelCheckpoint's and EarlyStopping's decisions
+    events = [line.split() for line in (tmp_path / "events").read_text().splitlines()]
+    writes = [(int(rank), float(at)) for kind, rank, at in events if kind == "write"]
+    entries = [float(at) for kind, _, at in events if kind == "enter"]
+    assert len(entries) == 4 and [rank for rank, _ in writes] == [0]  # written once, by global rank 0
+    assert writes[0][1] >= max(entries)  # after the last host arrived
+    assert torch.load(tmp_path / "full.ckpt")["w"].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_a_process_group_of_another_size_is_refused():
@@ -357,6 +392,17 @@ def test_a_process_group_of_another_size_is_refused():
         patch.setattr(dist, "get_rank", lambda: 1)
         with pytest.raises(RuntimeError, match="world size 2 and rank 1, but torch_xla reports 4 hosts"):
             hosts.connect()
+
+
+@pytest.mark.parametrize("name,api,cls", PER_HOST, ids=[f"{n}-{a}" for n, a, _ in PER_HOST])
+def test_one_host_boolean_decisions_are_the_hosts_own(name, api, cls):
+    strategy = build(cls)
+    assert [strategy.reduce_boolean_decision(d, all=a) for d in (True, False) for a in (True, False)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_one_host_collectives_are_local_and_xla_tensors_global_on_several():
@@ -422,3 +468,59 @@ def test_doctor_on_one_host_warns_about_nothing_simulated_hosts(capsys):
         report = doctor_xla(capsys)
     assert (report["host index"], report["host count"], report["global device count"]) == (0, 1, 4)
     assert not [key for key in report if key.startswith("warning")]
+
+
+@pytest.mark.slow  # SPMD on 4 PJRT CPU devices in a fresh interpreter
+def test_a_host_share_sent_with_minibatch_sharding_matches_the_one_host_sharding():
+    """torch_xla's minibatch input path (several hosts) really runs: on one host its shards are mark_sharding's."""
+    from conftest import run_python
+
+    code = """
+        import json
+        import numpy as np, torch, torch_xla, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
+        xr.use_spmd()
+        from xla_plugins.strategies.xla_spmd import _send_host_share
+        mesh = xs.Mesh(np.arange(4), (4,), ("data",))
+        batch = torch.arange(16.0).reshape(8, 2)
+        sent = _send_host_share(batch, mesh, "data", torch_xla.device())
+        marked = batch.to(torch_xla.device())
+        xs.mark_sharding(marked, mesh, ("data", None))
+        torch_xla.sync(wait=True)
+        def shards(t):
+            pieces = torch_xla._XLAC._get_local_shards([t])[0]
+            return [s.tolist() for s, d in sorted(pieces, key=lambda item: int(item[1].split(":")[1]))]
+        print(json.dumps({"sent": shards(sent), "marked": shards(marked), "value": sent.cpu().tolist()}))
+    """
+    result = run_python(code, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=300)
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["sent"] == out["marked"] == [[[0.0, 1.0], [2.0, 3.0]], [[4.0, 5.0], [6.0, 7.0]],
+                                            [[8.0, 9.0], [10.0, 11.0]], [[12.0, 13.0], [14.0, 15.0]]]  # fmt: skip
+    assert out["value"] == torch.arange(16.0).reshape(8, 2).tolist()
+
+
+@pytest.mark.slow  # two interpreters, each an SPMD fit on 4 PJRT CPU devices
+def test_trainer_fits_on_two_simulated_hosts_each_with_its_share(tmp_path):
+    """tests/scripts/pod_fit.py on two simulated hosts: ranks, data shares, host values, one checkpoint."""
+    import os
+    import subprocess
+
+    script = Path(__file__).parent / "scripts" / "pod_fit.py"
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path)], **pipes) for r in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world_size"], result["num_nodes"]) == (rank, 2, 2)
+        assert result["is_global_zero"] == (rank == 0)
+        assert result["steps"] == 4  # 32 samples per host, 8 per step (2 per device x 4 devices)
+        assert result["host_tensor"] == 3.0  # a CPU tensor logged with sync_dist: summed over the hosts
+        assert result["host_number"] == rank + 1  # a number becomes an XLA tensor: taken as global
+    seen = [set(result["seen"]) for result in results]
+    assert len(results[0]["seen"]) == len(results[1]["seen"]) == 32
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(64))  # disjoint, covering
+    assert [p.name for p in tmp_path.rglob("*.ckpt")] == ["epoch=0-step=4.ckpt"]  # written once
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]  # one log directory

@@ -11,7 +11,8 @@ between hosts, as DDP ranks' values do, and are reduced or gathered across the h
 a ``torch.distributed`` gloo process group, the CPU group torch_xla's SPMD guides pair with its
 ``xla://`` rendezvous (world size ``process_count``, rank ``process_index``). Objects are broadcast
 and barriers are kept over the same group. On one host every operation is the identity (or does
-nothing) and no process group is created.
+nothing) and no process group is created. Lightning's ``self.log`` turns a Python number into an
+XLA tensor: that value is then taken as global; a CPU tensor logged with ``sync_dist`` is reduced.
 """
 
 from __future__ import annotations

@@ -49,6 +49,18 @@ class _OneWorkerPerDevice:
 
         return torch_xla.device()
 
+    @property
+    def num_nodes(self) -> int:
+        """Hosts of the slice, from the runtime once the workers run (the world model's ``num_nodes``);
+        before, Lightning's ``num_nodes`` flag (the runtime decides: the flag is not needed)."""
+        if self._launched:
+            return self.cluster_environment.world().num_nodes  # type: ignore[attr-defined, no-any-return]
+        return self._num_nodes  # type: ignore[attr-defined, no-any-return]
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
     def _all_reduce(self, tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
         """Reduce over the replicas with any op Lightning supports (see ``_reduce.all_reduce``)."""
         world_size: int = self.world_size  # type: ignore[attr-defined]

@@ -162,9 +162,9 @@ class _OneProcessOverAMesh:
 
     @property
     def local_num_devices(self) -> int:
-        """Devices of this host: its share of the mesh (of ``parallel_devices``, this host's, before setup)."""
+        """Devices of this host (``addressable_runtime_device_count``; ``parallel_devices`` before setup)."""
         if self._mesh is not None:
-            return max(1, int(self._mesh.size()) // self.world.world_size)
+            return _runtime.runtime_figures().addressable_device_count
         return len(getattr(self, "parallel_devices", None) or ()) or 1
 
     @property
@@ -255,6 +255,18 @@ class _OneProcessOverAMesh:
         if self.hosts.several:
             return self.hosts.reduce(tensor, reduce_op)
         return tensor if isinstance(tensor, Tensor) else torch.tensor(tensor, device=self.root_device)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """``decision`` of every host combined with ``all`` (default) or ``any``, as Lightning's ``ParallelStrategy``.
+
+        A decision is a host value (callbacks decide from what they saw on their host), so it is
+        reduced over the hosts (:class:`~xla_plugins.strategies._hosts.HostGroup`), never read as
+        a global XLA tensor; on one host, ``decision`` itself.
+        """
+        if not self.hosts.several:
+            return bool(decision)
+        total = self.hosts.reduce(torch.tensor(int(bool(decision))), "sum")
+        return bool(total == self.world.world_size) if all else bool(total > 0)
 
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         """``tensor`` itself when it is an XLA tensor (global already) or on one host; on several hosts a
