@@ -23,9 +23,12 @@ def fabric_run(strategy, epochs: int, setup: str = "joint", precision="32-true",
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)  # built on the CPU parameters
     if setup == "joint":
         model, optimizer = fabric.setup(model, optimizer)
-    else:
+    elif setup == "separate":
         model = fabric.setup_module(model)
         optimizer = fabric.setup_optimizers(optimizer)
+    else:  # "after": the optimizer built anew from the set-up module
+        model = fabric.setup_module(model)
+        optimizer = fabric.setup_optimizers(torch.optim.Adam(model.parameters(), lr=1e-2))
     loader = fabric.setup_dataloaders(DataLoader(data(), batch_size=BATCH))
     state = {"model": model, "optimizer": optimizer, "step": 0}
     row: dict = {"losses": [], "norms": []}
@@ -69,6 +72,7 @@ def fabric_scenarios(out: str) -> dict:
     report["fsdp"] = fabric_run(wrapped, 2, save=(full, 1))
     report["full_ckpt"] = full
     report["setup_module"] = fabric_run("xla_fsdp_v2", 1, setup="separate")
+    report["setup_module_then_optimizer"] = fabric_run("xla_fsdp_v2", 1, setup="after")
     report["resumed_full"] = fabric_run("xla_fsdp_v2", 2, load=full)
     sharded = os.path.join(out, "sharded")
     report["sharded_first"] = fabric_run(FabricXLAFSDPv2Strategy(state_dict_type="sharded"), 1, save=(sharded, 1))

@@ -159,8 +159,11 @@ def shard_optimizer_state(optimizers: Iterable[Optimizer]) -> None:
 
 
 def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any]) -> None:
-    """Write a sharded checkpoint: directory ``path`` with ``tensors`` through torch.distributed.checkpoint
-    (torch_xla's ``SPMDSavePlanner``: each device's shards, no gathering) and ``metadata`` in :data:`METADATA_FILE`.
+    """Write a sharded checkpoint: the directory ``path`` holding ``tensors`` and ``metadata``.
+
+    Tensors go through ``torch.distributed.checkpoint`` with torch_xla's ``SPMDSavePlanner`` (each
+    device's shards, nothing gathered); ``metadata`` (anything ``torch.save`` takes) goes to
+    :data:`METADATA_FILE`.
     """
     import torch.distributed.checkpoint as dcp
     import torch_xla
@@ -473,9 +476,8 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
     tensors under the user's names by default, or with ``state_dict_type="sharded"`` a directory
     (see :class:`XLAFSDPv2Strategy`); ``fabric.load`` reads either into the set-up objects.
 
-    Args: as :class:`XLAFSDPv2Strategy` (``precision`` instead of ``precision_plugin``).
-
-    Raises: as :class:`XLAFSDPv2Strategy`.
+    The arguments and the errors raised are those of :class:`XLAFSDPv2Strategy`, with Fabric's
+    ``precision`` in place of ``precision_plugin``.
     """
 
     def __init__(
