@@ -158,12 +158,13 @@ def shard_optimizer_state(optimizers: Iterable[Optimizer]) -> None:
                     torch_xla._XLAC._xla_mark_sharding(value, sharding)
 
 
-def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any]) -> None:
+def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any], write_metadata: bool = True) -> None:
     """Write a sharded checkpoint: the directory ``path`` holding ``tensors`` and ``metadata``.
 
     Tensors go through ``torch.distributed.checkpoint`` with torch_xla's ``SPMDSavePlanner`` (each
-    device's shards, nothing gathered); ``metadata`` (anything ``torch.save`` takes) goes to
-    :data:`METADATA_FILE`.
+    device's shards, nothing gathered; on several hosts each writes its own, coordinated by the
+    process group the SPMD strategies join there); ``metadata`` (anything ``torch.save`` takes) goes
+    to :data:`METADATA_FILE` when ``write_metadata`` (on global rank 0 only).
     """
     import torch.distributed.checkpoint as dcp
     import torch_xla
@@ -172,7 +173,8 @@ def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any])
     torch_xla.sync()
     Path(path).mkdir(parents=True, exist_ok=True)
     dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(path)), planner=SPMDSavePlanner())
-    torch.save(metadata, os.path.join(path, METADATA_FILE))
+    if write_metadata:
+        torch.save(metadata, os.path.join(path, METADATA_FILE))
 
 
 def is_sharded_checkpoint(path: _PATH) -> bool:
@@ -418,7 +420,8 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
         if "optimizer_states" in checkpoint:
             tensors.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states"))})
         checkpoint["__sharded_keys__"] = sorted(tensors)
-        save_sharded(filepath, tensors, checkpoint)
+        save_sharded(filepath, tensors, checkpoint, write_metadata=self.is_global_zero)
+        self.barrier("xla_plugins.save_sharded")
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -538,7 +541,8 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
         tensors = {k: v.state_dict() for k, v in state.items() if isinstance(v, (Module, Optimizer))}
         metadata = {k: v for k, v in state.items() if k not in tensors}
         metadata["__sharded_keys__"] = sorted(tensors)
-        save_sharded(path, tensors, metadata)
+        save_sharded(path, tensors, metadata, write_metadata=self.is_global_zero)
+        self.barrier("xla_plugins.save_sharded")
 
     @override
     def load_checkpoint(
