@@ -52,3 +52,64 @@ def test_an_xla_checkpoint_records_the_xla_plugin_and_its_version(tmp_path):
     label = f"xla (xla-plugins {version('xla-plugins')})"
     assert {decisions[role]["plugin"] for role in ("accelerator", "strategy", "precision", "environment")} == {label}
     assert decisions["precision"]["choice"] == "xla (xla_plugins.precision.XLAPrecision)"
+
+
+class CountsCallbackHooks(L.Callback):
+    """Records how many callbacks Lightning calls on each training step's hooks (the list it iterates)."""
+
+    def __init__(self) -> None:
+        self.callbacks_per_step: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.callbacks_per_step.append(len(trainer.callbacks))
+
+
+def test_the_record_costs_no_callback_hook_per_step(tmp_path):
+    """The checkpoint connector stores the record: Lightning calls no callback of ours on a step's six hooks."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from trainer_plugins import PluginSetCheckpoint, PluginSetCheckpointConnector
+
+    counter = CountsCallbackHooks()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[counter],
+    )
+    # Lightning's own: the user's callback and the default ModelCheckpoint, nothing of ours
+    assert [type(callback) for callback in trainer.callbacks] == [CountsCallbackHooks, ModelCheckpoint]
+    assert not any(isinstance(callback, PluginSetCheckpoint) for callback in trainer.callbacks)
+    assert type(trainer._checkpoint_connector) is PluginSetCheckpointConnector
+    trainer.fit(BoringModel())
+    assert counter.callbacks_per_step == [2, 2]
+    (path,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    assert torch.load(path, weights_only=False)[CHECKPOINT_KEY]["plugins"]
+    # a weights-only checkpoint has no record, as it has no callback states
+    trainer.save_checkpoint(tmp_path / "weights.ckpt", weights_only=True)
+    assert CHECKPOINT_KEY not in torch.load(tmp_path / "weights.ckpt", weights_only=False)
+
+
+def test_a_user_added_plugin_set_callback_writes_the_same_record_before_the_modules_hook(tmp_path):
+    from trainer_plugins import PluginSetCheckpoint
+
+    class SeesTheRecord(BoringModel):
+        def on_save_checkpoint(self, checkpoint):
+            self.seen = checkpoint.get(CHECKPOINT_KEY)
+
+    module = SeesTheRecord()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PluginSetCheckpoint()],
+    )
+    trainer.fit(module)
+    (path,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    assert module.seen is not None and module.seen == torch.load(path, weights_only=False)[CHECKPOINT_KEY]

@@ -26,6 +26,7 @@ _EXPORTS = {
         "CHECKPOINT_KEY",
         "FabricConnector",
         "PluginSetCheckpoint",
+        "PluginSetCheckpointConnector",
         "TrainerConnector",
         "TrainerDataConnector",
         "explain",

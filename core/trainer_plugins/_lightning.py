@@ -21,6 +21,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import BatchSampler
@@ -219,8 +220,8 @@ class FabricConnector(_PluginConnectorMixin, _Connector):  # type: ignore[misc]
 class TrainerDataConnector(_DataConnector):
     """``lightning.Trainer``'s data connector: adds the checkpoint record, explains failed sampler injection.
 
-    Lightning's ``Trainer.__init__`` initialises the data connector after the callbacks, so this
-    appends :class:`PluginSetCheckpoint` to ``trainer.callbacks`` there: the record comes only with
+    Lightning's ``Trainer.__init__`` initialises the data connector after the checkpoint connector,
+    so this makes that one a :class:`PluginSetCheckpointConnector` there: the record comes only with
     the plugin-aware connectors (never through an entry point Lightning loads on its own, so
     ``TRAINER_PLUGINS_AUTOLOAD=0`` leaves it out).
 
@@ -231,9 +232,9 @@ class TrainerDataConnector(_DataConnector):
 
     def on_trainer_init(self, *args: Any, **kwargs: Any) -> None:
         super().on_trainer_init(*args, **kwargs)
-        callbacks = self.trainer.callbacks  # type: ignore[attr-defined] # set by Lightning just before
-        if not any(isinstance(callback, PluginSetCheckpoint) for callback in callbacks):
-            callbacks.append(PluginSetCheckpoint())
+        checkpoints = self.trainer._checkpoint_connector  # type: ignore[attr-defined] # set by Lightning before
+        if type(checkpoints) is _CheckpointConnector:
+            checkpoints.__class__ = PluginSetCheckpointConnector
 
     def _prepare_dataloader(self, dataloader: object, shuffle: bool, mode: RunningStage) -> object:
         try:
@@ -250,32 +251,60 @@ class TrainerDataConnector(_DataConnector):
             ) from error
 
 
-#: Checkpoint key under which :class:`PluginSetCheckpoint` stores the resolved plugin set.
+#: Checkpoint key under which the resolved plugin set is stored (see :class:`PluginSetCheckpointConnector`).
 CHECKPOINT_KEY = "trainer_plugins"
 
 
-class PluginSetCheckpoint(Callback):
-    """Stores in every checkpoint which plugin, at which version, supplied each role of the run.
+def plugin_set_record(trainer: Any) -> dict[str, Any] | None:
+    """Which plugin, at which version, supplied each role of ``trainer``'s run (``None``: not plugin-aware).
 
-    Added to every ``lightning.Trainer`` built by the plugin-aware connectors
-    (:class:`TrainerDataConnector`). The record sits under ``checkpoint["trainer_plugins"]`` (read it back with
-    ``torch.load(path)["trainer_plugins"]``): ``{"decisions": [Decision as dict, ...], "plugins":
-    [{"name", "distribution", "version", "state"}, ...]}``. Nothing is stored when the Trainer does
-    not use the plugin-aware connector.
+    Returns:
+        ``{"decisions": [Decision as dict, ...], "plugins": [{"name", "distribution", "version", "state"}, ...]}``.
+    """
+    connector = getattr(trainer._accelerator_connector, "plugin_connector", None)
+    if connector is None:
+        return None
+    records = connector.catalog.manager.records.values()
+    return {
+        "decisions": connector.explanation.as_dicts(),
+        "plugins": [
+            {"name": r.name, "distribution": r.distribution, "version": r.version, "state": r.state} for r in records
+        ],
+    }
+
+
+class PluginSetCheckpointConnector(_CheckpointConnector):
+    """Lightning's checkpoint connector, storing the run's plugin set in every full checkpoint.
+
+    Every ``lightning.Trainer`` built by the plugin-aware connectors gets this class for its
+    checkpoint connector (:class:`TrainerDataConnector`). The record sits under
+    ``checkpoint["trainer_plugins"]`` (read it back with ``torch.load(path)["trainer_plugins"]``; see
+    ``plugin_set_record``), added once Lightning has built the checkpoint, in every checkpoint
+    but a weights-only one. It is not a callback: a callback is called on each of Lightning's
+    callback hooks, six a training step, and costs Lightning's hook dispatch each time.
+    """
+
+    def dump_checkpoint(self, weights_only: bool | None = None) -> dict:
+        checkpoint = super().dump_checkpoint(weights_only)
+        record = None if weights_only else plugin_set_record(self.trainer)
+        if record is not None:
+            checkpoint[CHECKPOINT_KEY] = record
+        return checkpoint
+
+
+class PluginSetCheckpoint(Callback):
+    """A callback storing the same record as :class:`PluginSetCheckpointConnector`, from ``on_save_checkpoint``.
+
+    Not added by trainer-plugins any more (the checkpoint connector stores the record); a user who
+    adds it gets the record written by Lightning's callback hook too, before the LightningModule's
+    own ``on_save_checkpoint`` runs. Nothing is stored when the Trainer does not use the
+    plugin-aware connector.
     """
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        connector = getattr(trainer._accelerator_connector, "plugin_connector", None)
-        if connector is None:
-            return
-        records = connector.catalog.manager.records.values()
-        checkpoint[CHECKPOINT_KEY] = {
-            "decisions": connector.explanation.as_dicts(),
-            "plugins": [
-                {"name": r.name, "distribution": r.distribution, "version": r.version, "state": r.state}
-                for r in records
-            ],
-        }
+        record = plugin_set_record(trainer)
+        if record is not None:
+            checkpoint[CHECKPOINT_KEY] = record
 
 
 def is_distributed(run: Any) -> bool:

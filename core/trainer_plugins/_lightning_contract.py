@@ -41,6 +41,7 @@ class PrivateAttribute(NamedTuple):
 _TRAINER = "lightning.pytorch.trainer.connectors.accelerator_connector:_AcceleratorConnector"
 _FABRIC = "lightning.fabric.connector:_Connector"
 _DATA = "lightning.pytorch.trainer.connectors.data_connector:_DataConnector"
+_CHECKPOINT = "lightning.pytorch.trainer.connectors.checkpoint_connector:_CheckpointConnector"
 _DECISIONS = (
     ("_choose_auto_accelerator", ()),  # a staticmethod in Lightning
     ("_set_parallel_devices_and_init_accelerator", ("self",)),
@@ -61,6 +62,7 @@ METHODS = (
     ),
     *(PrivateMethod(f"{cls}.{name}", parameters) for cls in (_TRAINER, _FABRIC) for name, parameters in _DECISIONS),
     PrivateMethod(f"{_DATA}._prepare_dataloader", ("self", "dataloader", "shuffle", "mode")),
+    PrivateMethod(f"{_CHECKPOINT}.dump_checkpoint", ("self", "weights_only")),
     PrivateMethod(
         f"{_DATA}.on_trainer_init",
         ("self", "val_check_interval", "reload_dataloaders_every_n_epochs", "check_val_every_n_epoch"),
@@ -90,6 +92,8 @@ ATTRIBUTES = (
     PrivateAttribute(_FABRIC, "_precision_input"),
     PrivateAttribute(_FABRIC, "_precision_instance"),
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_accelerator_connector"),
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
+    PrivateAttribute(_CHECKPOINT.partition(":")[0] + ":", "_CheckpointConnector"),
 )
 
 

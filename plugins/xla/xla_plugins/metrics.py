@@ -155,6 +155,8 @@ class _LazyResultCollection(_ResultCollection):
         (a batch that accumulates gradients, a value logged after the step) would run part of the
         step's graph on its own, a graph of its own to compile.
         """
+        if not wanted:
+            return {}
         pending = {name: tensor for name, tensor in wanted.items() if self._shown.get(name, (None,))[0] is not tensor}
         now = time.monotonic()
         due = exact or any(name not in self._shown for name in wanted) or now - self._last_read >= self._read_interval_s
