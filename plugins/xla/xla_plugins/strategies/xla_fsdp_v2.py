@@ -304,13 +304,7 @@ class _ShardsParameters:
         if isinstance(policy, set):
             policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=policy)
         parents = {id(child): (parent, name) for parent in module.modules() for name, child in parent.named_children()}
-        wrapper = FSDPv2(
-            module,
-            mesh=self._mesh,
-            shard_output=self._shard_output,
-            auto_wrap_policy=policy,
-            auto_wrapper_callable=(lambda m, *args, **kwargs: FSDPv2(m, *args, **kwargs)) if policy else None,
-        )
+        wrapper = FSDPv2(module, mesh=self._mesh, shard_output=self._shard_output, auto_wrap_policy=policy)
         for each in wrapper.modules():
             if isinstance(each, FSDPv2):
                 each.register_state_dict_post_hook(_strip_wrapper_names)
@@ -477,7 +471,9 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
     parameters belong to no set-up module raises ``RuntimeError``. ``fabric.clip_gradients`` clips
     by the norm of the whole gradient (tensors are global in SPMD). ``fabric.save`` writes full CPU
     tensors under the user's names by default, or with ``state_dict_type="sharded"`` a directory
-    (see :class:`XLAFSDPv2Strategy`); ``fabric.load`` reads either into the set-up objects.
+    (see :class:`XLAFSDPv2Strategy`); ``fabric.load`` reads either into the set-up objects. With an
+    ``auto_wrap_policy``, the set-up module's children of those classes stay wrapped (Fabric has no
+    teardown); its state dict keeps the user's names.
 
     The arguments and the errors raised are those of :class:`XLAFSDPv2Strategy`, with Fabric's
     ``precision`` in place of ``precision_plugin``.
