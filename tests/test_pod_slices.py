@@ -500,7 +500,8 @@ def test_a_host_share_sent_with_minibatch_sharding_matches_the_one_host_sharding
 
 @pytest.mark.slow  # two interpreters, each an SPMD fit on 4 PJRT CPU devices
 def test_trainer_fits_on_two_simulated_hosts_each_with_its_share(tmp_path):
-    """tests/scripts/pod_fit.py on two simulated hosts: ranks, data shares, host values, one checkpoint."""
+    """tests/scripts/pod_fit.py on two simulated hosts: ranks, data shares, host values, one checkpoint,
+    which then resumes on one host."""
     import os
     import subprocess
 
@@ -524,3 +525,10 @@ def test_trainer_fits_on_two_simulated_hosts_each_with_its_share(tmp_path):
     assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(64))  # disjoint, covering
     assert [p.name for p in tmp_path.rglob("*.ckpt")] == ["epoch=0-step=4.ckpt"]  # written once
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]  # one log directory
+    # the 2-host checkpoint resumes on 1 host: 8 steps an epoch there (64 samples, 8 per step)
+    resume = [sys.executable, str(script), "0", str(tmp_path / "one"), "1", results[0]["checkpoint"]]
+    done = subprocess.run(resume, timeout=300, **{k: v for k, v in pipes.items() if k != "stdin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (resumed["world_size"], resumed["steps"], resumed["epoch"]) == (1, 4 + 8, 2)
+    assert sorted(resumed["seen"]) == list(range(64))  # one host loads the whole data set

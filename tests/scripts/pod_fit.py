@@ -1,7 +1,8 @@
 """One simulated host of a 2-host slice fits with xla_spmd (tests/test_pod_slices.py runs two of these).
 
-Usage: ``python pod_fit.py RANK DIR``. The host's figures come from the test double
-(``tests/simulated_pod.py``: 2 hosts x 4 devices); the hosts' process group is a real gloo group over
+Usage: ``python pod_fit.py RANK DIR [HOSTS [CHECKPOINT]]``. The host's figures come from the test double
+(``tests/simulated_pod.py``: HOSTS hosts x 4 devices, default 2); with CHECKPOINT, the fit resumes
+from it for one more epoch; the hosts' process group is a real gloo group over
 a file store in ``DIR``; each process runs real torch_xla SPMD on its own 4 PJRT CPU devices. The
 processes do not form one XLA world (torch_xla cannot join CPU processes), so their gradients are not
 reduced across hosts: this checks the multi-host Trainer path (sampler over the hosts, each host's
@@ -23,13 +24,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from simulated_pod import Slice, on_host  # noqa: E402
 
 RANK, DIR = int(sys.argv[1]), sys.argv[2]
-POD = Slice("2 hosts x 4 chips", 2, 4)
+HOSTS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+CHECKPOINT = sys.argv[4] if len(sys.argv) > 4 else None
+POD = Slice(f"{HOSTS} hosts x 4 chips", HOSTS, 4)
 
 
 def main() -> None:
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
+    os.makedirs(DIR, exist_ok=True)
     dist.init_process_group("gloo", init_method=f"file://{DIR}/store", world_size=POD.hosts, rank=RANK)
     seen: list[int] = []
 
@@ -57,13 +61,13 @@ def main() -> None:
             accelerator="xla",
             devices=4,
             strategy="xla_spmd",
-            max_epochs=1,
+            max_epochs=1 if CHECKPOINT is None else 2,
             default_root_dir=DIR,
             enable_progress_bar=False,
             enable_model_summary=False,
         )
         loader = DataLoader(TensorDataset(torch.arange(64)), batch_size=2)
-        trainer.fit(Model(), loader)
+        trainer.fit(Model(), loader, ckpt_path=CHECKPOINT)
         out = {
             "rank": trainer.global_rank,
             "world_size": trainer.world_size,
@@ -74,6 +78,7 @@ def main() -> None:
             "host_tensor": float(trainer.callback_metrics["host_tensor"]),
             "host_number": float(trainer.callback_metrics["host_number"]),
             "checkpoint": trainer.checkpoint_callback.best_model_path if RANK == 0 else None,
+            "epoch": trainer.current_epoch,
         }
     print(json.dumps(out), flush=True)
 
