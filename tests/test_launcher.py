@@ -105,7 +105,7 @@ def test_an_unreadable_replica_timeout_is_an_error_naming_the_variable(value, mo
         replica_timeout()
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("", 1800.0), ("2.5", 2.5), ("0", None)])
+@pytest.mark.parametrize(("value", "seconds"), [("", None), ("2.5", 2.5), ("1800", 1800.0), ("0", None)])
 def test_the_replica_timeout_default_value_and_off_switch(value, seconds, monkeypatch):
     from xla_plugins.strategies.launcher import replica_timeout
 
