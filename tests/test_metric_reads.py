@@ -122,6 +122,73 @@ def test_fetch_reads_every_pending_tensor_in_one_transfer():
     assert read["b"][0].tolist() == [2, 3] and read["c"] == 3
 
 
+def logged_results(device):
+    """A training result collection made lazy as `metrics.install` does, with three names logged twice."""
+    import torch
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
+
+    from xla_plugins import metrics
+
+    results = _ResultCollection(training=True)
+    results.__class__ = metrics._LazyResultCollection
+    results._start()
+    for value in (1.0, 3.0):
+        results.log("training_step", "loss", torch.tensor(value, device=device), on_step=True, on_epoch=True)
+        results.log("training_step", "peak", torch.tensor(value, device=device), on_epoch=True, reduce_fx="max")
+        results.log("training_step", "total", torch.tensor(value, device=device), on_epoch=True, reduce_fx="sum")
+    return results
+
+
+def lightnings_walk(result) -> list:
+    """Every tensor Lightning's ``_ResultMetric.to`` moves (its own collection walk over the attributes)."""
+    from lightning_utilities import apply_to_collection
+    from torch import Tensor
+
+    found: list = []
+    apply_to_collection(dict(vars(result)), Tensor, lambda tensor: found.append(tensor) or tensor)
+    return found
+
+
+def test_the_in_place_check_sees_every_tensor_lightnings_move_would_move():
+    import torch
+    from torch import Tensor
+
+    for result in logged_results(torch.device("cpu")).values():
+        # _ResultMetricInPlace._all_on looks at the attributes and the values of dictionaries among them
+        looked_at = [
+            item
+            for value in vars(result).values()
+            for item in (value.values() if isinstance(value, dict) else (value,))
+            if isinstance(item, Tensor)
+        ]
+        moved = lightnings_walk(result)
+        assert moved and sorted(map(id, looked_at)) == sorted(map(id, moved)), result.meta.name
+
+
+def test_a_logged_result_is_walked_only_when_one_of_its_tensors_is_elsewhere(monkeypatch):
+    import torch
+    import torch_xla
+    from lightning.pytorch.trainer.connectors.logger_connector import result as lightning_result
+
+    from xla_plugins import metrics
+
+    device = torch_xla.device()
+    results = logged_results(device)
+    assert {type(result) for result in results.values()} == {metrics._ResultMetricInPlace}
+    loss = results["training_step.loss"]
+    assert {tensor.device for tensor in lightnings_walk(loss)} == {device}
+    walks = []
+    monkeypatch.setattr(lightning_result, "apply_to_collection", lambda *a, **k: walks.append(a) or {})
+    assert loss.to(device) is loss and walks == []  # everything is there already: no walk
+    monkeypatch.undo()
+    loss.to(torch.device("cpu"))  # something is elsewhere: Lightning's move
+    assert {tensor.device.type for tensor in lightnings_walk(loss)} == {"cpu"}
+    loss.to(device)
+    assert {tensor.device for tensor in lightnings_walk(loss)} == {device}
+    computed = {name: result.compute().item() for name, result in results.items()}
+    assert computed == {"training_step.loss": 2.0, "training_step.peak": 3.0, "training_step.total": 4.0}
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [

@@ -46,6 +46,12 @@ def hangs(fabric: L.Fabric) -> None:
         threading.Event().wait()  # the hung replica; the others wait for it in the end-of-run rendezvous
 
 
+def slow_but_moving(fabric: L.Fabric) -> None:
+    for _ in range(6):  # 6 s in all, under a 4 s replica timeout: each barrier is progress
+        time.sleep(1.0)
+        fabric.barrier()
+
+
 def waits_forever(fabric: L.Fabric, folder: str) -> None:
     if fabric.global_rank == 0:
         with open(os.path.join(folder, "worker.pid.tmp"), "w") as file:
@@ -77,5 +83,10 @@ if __name__ == "__main__":
     if sys.argv[1] == "orphan":
         L.Fabric(accelerator="xla", devices=DEVICES, strategy="xla").launch(waits_forever, sys.argv[2])
     else:
-        report = {"exits": outcome(exits), "is_killed": outcome(is_killed), "hangs": outcome(hangs, timeout="3")}
+        report = {
+            "exits": outcome(exits),
+            "is_killed": outcome(is_killed),
+            "hangs": outcome(hangs, timeout="3"),
+            "slow_but_moving": outcome(slow_but_moving, timeout="4"),
+        }
         print(json.dumps(report))

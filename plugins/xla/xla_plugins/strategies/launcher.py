@@ -17,8 +17,9 @@ Both flavours (``lightning.Trainer`` and ``lightning.Fabric``) start their worke
 * **a worker that dies** without reporting (``os._exit``, a signal such as ``SIGKILL`` from the
   out-of-memory killer, a crash in native code) is reported as :class:`WorkerDiedError`, naming its
   process id, the ranks it ran and its exit code or signal;
-* **a replica that hangs** is reported as :class:`ReplicaHangError` with its rank and where it is
-  stuck, when the watch is switched on (see :data:`REPLICA_TIMEOUT_VARIABLE`; off by default);
+* **a replica that hangs** (no batch, optimizer step or collective for
+  :data:`REPLICA_TIMEOUT_VARIABLE` seconds, 30 minutes by default) is reported as
+  :class:`ReplicaHangError` with its rank and where it is stuck;
 * **workers never outlive the main process**: on Linux each worker asks the kernel to kill it when
   the main process ends (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), whatever ends it, ``SIGKILL``
   included; elsewhere a thread of the worker watches its parent. Every worker ends through
@@ -56,21 +57,15 @@ from xla_plugins import _runtime
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-#: Environment variable: seconds a replica may stay at the same place (its Python stack unchanged,
-#: sampled twice a second) before it is reported as hung and the run stops. A replica waiting inside
-#: torch_xla (a collective, a graph execution, a compilation) gets twice as long, so that the replica
-#: the others wait for is the one reported. ``0`` turns the watch off. Default
-#: :data:`DEFAULT_REPLICA_TIMEOUT_S`. Read in the main process when the workers start. Give a
-#: value above the longest XLA compilation a step can take (a large model's: many minutes).
+#: Environment variable: seconds a replica may go without progress (a batch, an optimizer step, a
+#: collective of its strategy: see :func:`progress`) before it is reported as hung
+#: and the run stops. ``0`` turns the watch off. Default :data:`DEFAULT_REPLICA_TIMEOUT_S`. Read in
+#: the main process when the workers start. Give a value above the longest XLA compilation a step
+#: can take (a large model's: many minutes) and above the longest work of your own between two steps.
 REPLICA_TIMEOUT_VARIABLE = "XLA_PLUGINS_REPLICA_TIMEOUT"
-#: Default of :data:`REPLICA_TIMEOUT_VARIABLE`: ``0``, the watch is off. With the watch on (1800 s),
-#: tests/test_multidevice.py's 4-device spawn scenario (four replica threads in one worker, PJRT
-#: CPU) aborted in 2 of 9 runs on an idle machine (a corrupted heap, or replicas split between two
-#: collectives), and in 0 of 20 with it off (30 November 2026). The watch samples the replica
-#: threads' Python stacks from another thread (``sys._current_frames``); why that breaks the run is
-#: not known, so the watch stays opt-in until it is.
-DEFAULT_REPLICA_TIMEOUT_S = 0.0
-#: Seconds between two looks at the replicas' stacks.
+#: Default of :data:`REPLICA_TIMEOUT_VARIABLE`: 30 minutes.
+DEFAULT_REPLICA_TIMEOUT_S = 1800.0
+#: Seconds between two looks at the replicas' progress stamps.
 _SAMPLE_INTERVAL_S = 0.5
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -408,8 +403,9 @@ def _worker_main(
         _die_with(main_pid)
         from torch_xla._internal import pjrt
 
-        watchdog = _Watchdog(channel, timeout) if timeout else None
-        replica = partial(_run_one_replica, channel, watchdog, wrapping_function, args)
+        global _watchdog
+        _watchdog = _Watchdog(channel, timeout) if timeout else None
+        replica = partial(_run_one_replica, channel, wrapping_function, args)
         pjrt._run_thread_per_device(local_rank, local_world_size, replica, _initialize_worker)
         channel.send("finished")
         code = 0
@@ -427,21 +423,19 @@ def _worker_main(
         os._exit(code)
 
 
-def _run_one_replica(
-    channel: _Channel, watchdog: Optional[_Watchdog], wrapping_function: Callable[..., None], args: tuple[Any, ...]
-) -> None:
+def _run_one_replica(channel: _Channel, wrapping_function: Callable[..., None], args: tuple[Any, ...]) -> None:
     """One replica thread of a worker (its frame marks where the replica's own stack begins)."""
     import torch_xla.runtime as xr
 
     rank = xr.global_ordinal()
     channel.send("started", rank)
-    if watchdog is not None:
-        watchdog.watch(rank)
+    if _watchdog is not None:
+        _watchdog.watch(rank)
     try:
         wrapping_function(rank, *args, channel, channel)
     finally:
-        if watchdog is not None:
-            watchdog.forget(rank)
+        if _watchdog is not None:
+            _watchdog.forget()
 
 
 def _die_with(parent_pid: int) -> None:
@@ -468,72 +462,73 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 class _Watchdog:
-    """Reports a replica of this worker whose Python stack stays the same for longer than the timeout.
+    """Reports a replica of this worker that made no progress (see :func:`progress`) for longer than the timeout.
 
-    A replica waiting inside torch_xla (its stack holds a ``torch_xla`` frame) gets twice the
-    timeout: when one replica hangs, the others wait for it in a collective, and the one reported is
-    the replica that stopped first, with where it stopped.
+    The replicas stamp the time of their progress into a dictionary; the watch's thread only
+    compares those times with the clock, twice a second. It reads the replicas' Python stacks
+    (``sys._current_frames``) once, to write the report, when the run is already given up. The
+    replica reported is the one whose progress is oldest: when one replica hangs, the others
+    soon wait for it in a collective, which they entered later.
     """
 
     def __init__(self, channel: _Channel, timeout: float) -> None:
         self._channel = channel
         self._timeout = timeout
-        self._threads: dict[int, int] = {}  # rank -> thread id
+        self._ranks: dict[int, int] = {}  # thread id -> rank
+        self._stamps: dict[int, float] = {}  # thread id -> time.monotonic() of its latest progress
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
     def watch(self, rank: int) -> None:
+        """Watch the calling thread, the replica of ``rank``, from now on."""
+        ident = threading.get_ident()
         with self._lock:
-            self._threads[rank] = threading.get_ident()
+            self._stamps[ident] = time.monotonic()
+            self._ranks[ident] = rank
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="xla-replica-watchdog", daemon=True)
                 self._thread.start()
 
-    def forget(self, rank: int) -> None:
+    def forget(self) -> None:
+        """Stop watching the calling thread."""
+        ident = threading.get_ident()
         with self._lock:
-            self._threads.pop(rank, None)
+            self._ranks.pop(ident, None)
+            self._stamps.pop(ident, None)
+
+    def stamp(self) -> None:
+        """Record that the calling thread made progress (a dictionary store: no lock, no frame is read)."""
+        ident = threading.get_ident()
+        if ident in self._ranks:
+            self._stamps[ident] = time.monotonic()
 
     def _run(self) -> None:
-        since: dict[int, tuple[tuple[Any, ...], float]] = {}
         while True:
             time.sleep(_SAMPLE_INTERVAL_S)
-            now = time.monotonic()
-            frames = sys._current_frames()
             with self._lock:
-                threads = dict(self._threads)
-            overdue: list[tuple[bool, int, float, list[FrameType]]] = []
-            for rank, ident in threads.items():
-                frame = frames.get(ident)
-                if frame is None:
-                    continue
-                stack = _replica_stack(frame)
-                signature = tuple((f.f_code, f.f_lineno) for f in stack)
-                if rank not in since or since[rank][0] != signature:
-                    since[rank] = (signature, now)
-                    continue
-                still = now - since[rank][1]
-                in_xla = any(f.f_globals.get("__name__", "").startswith("torch_xla") for f in stack)
-                if still >= (2 * self._timeout if in_xla else self._timeout):
-                    overdue.append((in_xla, rank, still, stack))
+                ranks, stamps = dict(self._ranks), dict(self._stamps)
+            now = time.monotonic()
+            overdue = [(stamp, ident) for ident, stamp in stamps.items() if now - stamp >= self._timeout]
             if overdue:
-                self._report(min(overdue, key=lambda item: (item[0], item[1])), threads, frames)
+                stamp, ident = min(overdue)
+                self._report(ranks[ident], now - stamp, ident, ranks)
 
-    def _report(
-        self, culprit: tuple[bool, int, float, list[FrameType]], threads: dict[int, int], frames: dict[int, FrameType]
-    ) -> None:
-        in_xla, rank, still, stack = culprit
+    def _report(self, rank: int, still: float, ident: int, ranks: dict[int, int]) -> None:
+        frames = sys._current_frames()
+        stack = _replica_stack(frames.get(ident))
         own = [f for f in stack if not f.f_code.co_filename.startswith(_STDLIB)] or stack  # skip threading's waits
         where = f"{own[0].f_code.co_filename}:{own[0].f_lineno} in {own[0].f_code.co_name}" if own else "?"
+        in_xla = any(f.f_globals.get("__name__", "").startswith("torch_xla") for f in stack)
         message = (
             f"The XLA replica of rank {rank} made no progress for {still:.0f} s"
             f" ({'waiting inside torch_xla; ' if in_xla else ''}stuck at {where})."
             f" {REPLICA_TIMEOUT_VARIABLE}={self._timeout:g} s; set it higher if this step legitimately takes longer."
         )
         sections = []
-        for other, ident in sorted(threads.items()):
-            if ident in frames:
+        for other_ident, other in sorted(ranks.items(), key=lambda item: item[1]):
+            if other_ident in frames:
                 frames_above_entry = traceback.StackSummary.extract(
-                    (f, f.f_lineno) for f in reversed(_replica_stack(frames[ident]))
+                    (f, f.f_lineno) for f in reversed(_replica_stack(frames[other_ident]))
                 )
                 sections.append(f"Replica of rank {other} is at:\n{''.join(frames_above_entry.format())}")
         try:
@@ -549,6 +544,57 @@ def _replica_stack(frame: Optional[FrameType]) -> list[FrameType]:
         stack.append(frame)
         frame = frame.f_back
     return stack
+
+
+#: This worker's watch (``None`` in the main process, and when the watch is off).
+_watchdog: Optional[_Watchdog] = None
+
+
+def progress() -> None:
+    """Record that the calling replica made progress, for the replica watch (:data:`REPLICA_TIMEOUT_VARIABLE`).
+
+    The multi-device strategies call it on every batch, optimizer step and collective (:class:`ReportsProgress`); the launchers when a replica's function returns. It
+    does nothing where no watch runs.
+    """
+    if _watchdog is not None:
+        _watchdog.stamp()
+
+
+def _then_progress(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, then :func:`progress`: a replica that returned waits for the others next."""
+    result = function(*args, **kwargs)
+    progress()
+    return result
+
+
+class ReportsProgress:
+    """Mixin of the multi-device strategies: batches, optimizer steps and collectives are progress.
+
+    Each calls :func:`progress` first. ``backward`` is left alone: Fabric takes a strategy that
+    overrides it as one that needs ``fabric.backward(loss)``, and would refuse ``loss.backward()``.
+    Between two of these, a replica may run for up to the replica timeout before it is reported as
+    hung (work of its own in a callback, an XLA compilation or execution included).
+    """
+
+    def batch_to_device(self, *args: Any, **kwargs: Any) -> Any:
+        progress()
+        return super().batch_to_device(*args, **kwargs)  # type: ignore[misc]
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        progress()
+        return super().optimizer_step(*args, **kwargs)  # type: ignore[misc]
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        progress()
+        super().barrier(*args, **kwargs)  # type: ignore[misc]
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        progress()
+        return super().broadcast(*args, **kwargs)  # type: ignore[misc]
+
+    def all_gather(self, *args: Any, **kwargs: Any) -> Any:
+        progress()
+        return super().all_gather(*args, **kwargs)  # type: ignore[misc]
 
 
 class XLALauncher(_LightningXLALauncher):
@@ -596,6 +642,7 @@ class XLALauncher(_LightningXLALauncher):
         return_queue: Any,
         channel: Any,
     ) -> None:
+        function = partial(_then_progress, function)
         replica = partial(super()._wrapping_function, process_idx, trainer, function, args, kwargs, return_queue)
         run_replica(self._main_pid, channel, replica)
 
@@ -634,6 +681,7 @@ class FabricXLALauncher(_LightningFabricXLALauncher):
     def _wrapping_function(  # type: ignore[override]
         self, process_idx: int, function: Callable, args: Any, kwargs: Any, return_queue: Any, channel: Any
     ) -> None:
+        function = partial(_then_progress, function)
         replica = partial(super()._wrapping_function, process_idx, function, args, kwargs, return_queue)
         run_replica(self._main_pid, channel, replica)
 

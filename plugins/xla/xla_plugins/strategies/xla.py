@@ -17,11 +17,11 @@ from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
-from xla_plugins.strategies.launcher import FabricXLALauncher, XLALauncher
+from xla_plugins.strategies.launcher import FabricXLALauncher, ReportsProgress, XLALauncher, progress
 
 
-class _OneWorkerPerDevice:
-    """What both flavours change in Lightning's XLA strategy: environment and device.
+class _OneWorkerPerDevice(ReportsProgress):
+    """What both flavours change in Lightning's XLA strategy: environment, device, progress for the replica watch.
 
     Constructor arguments are those of Lightning's ``XLAStrategy`` of the flavour.
     """
@@ -63,6 +63,7 @@ class _OneWorkerPerDevice:
 
     def _all_reduce(self, tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
         """Reduce over the replicas with any op Lightning supports (see ``_reduce.all_reduce``)."""
+        progress()
         world_size: int = self.world_size  # type: ignore[attr-defined]
         return _reduce.all_reduce(tensor, reduce_op, world_size, self.root_device)
 
