@@ -151,18 +151,12 @@ def lightnings_walk(result) -> list:
 
 def test_the_in_place_check_sees_every_tensor_lightnings_move_would_move():
     import torch
-    from torch import Tensor
 
     for result in logged_results(torch.device("cpu")).values():
-        # _ResultMetricInPlace._all_on looks at the attributes and the values of dictionaries among them
-        looked_at = [
-            item
-            for value in vars(result).values()
-            for item in (value.values() if isinstance(value, dict) else (value,))
-            if isinstance(item, Tensor)
-        ]
-        moved = lightnings_walk(result)
-        assert moved and sorted(map(id, looked_at)) == sorted(map(id, moved)), result.meta.name
+        for _ in ("logged", "computed"):
+            moved = lightnings_walk(result)
+            assert moved and sorted(map(id, result._tensors())) == sorted(map(id, moved)), result.meta.name
+            result.compute()  # the epoch value is one more tensor
 
 
 def test_a_logged_result_is_walked_only_when_one_of_its_tensors_is_elsewhere(monkeypatch):

@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _METRICS, _ResultCollection, _ResultMetric
 from lightning_utilities import apply_to_collection
-from torch import Tensor, nn
+from torch import Tensor
 
 from xla_plugins import _runtime
 
@@ -125,20 +125,18 @@ class _ResultMetricInPlace(_ResultMetric):
         return super().to(*args, **kwargs)
 
     def _all_on(self, device: torch.device) -> bool:
-        """Whether every tensor Lightning's ``to`` would move is on ``device``.
+        """Whether every tensor Lightning's ``to`` would move is on ``device``; ``False`` for a logged ``Metric``."""
+        return self.is_tensor and all(tensor.device == device for tensor in self._tensors())
 
-        A result keeps its tensors in its attributes and in dictionaries among them (the states'
-        ``_defaults``); tests/test_metric_reads.py checks that against Lightning's own walk. A
-        module (a logged torchmetrics ``Metric``) or a list or tuple is left to Lightning's ``to``.
+    def _tensors(self) -> list[Tensor]:
+        """The tensors of a tensor result: its states, their defaults, its step and epoch values.
+
+        These are all the tensors among its attributes; tests/test_metric_reads.py checks that
+        against Lightning's own walk for each supported Lightning version.
         """
-        for value in self.__dict__.values():
-            for item in value.values() if isinstance(value, dict) else (value,):
-                if isinstance(item, Tensor):
-                    if item.device != device:
-                        return False
-                elif isinstance(item, (nn.Module, list, tuple)):
-                    return False
-        return True
+        names = (*self._defaults, "_forward_cache", "_computed")
+        held = [*self._defaults.values(), *(self.__dict__.get(name) for name in names)]
+        return [value for value in held if isinstance(value, Tensor)]
 
 
 class _LazyResultCollection(_ResultCollection):
