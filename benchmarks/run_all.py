@@ -1,13 +1,14 @@
 """Run every benchmark of docs/performance.md in one go and print the figures with their spread.
 
-    tox -e bench                      # or: python benchmarks/run_all.py [--rounds 3] [--skip-multidevice]
+    tox -e bench                      # or: python benchmarks/run_all.py [--rounds 3] [--epochs 12] [--skip-multidevice]
 
 Throughput, compilations, transfers, time to first step and peak memory come from
 benchmarks/throughput.py, one process per mode, model and round. Rounds are interleaved (every
 mode once per round, in a rotated order), so that a change in the machine's load hits all modes
-alike; each figure is the median over the rounds with its min-max, and each ratio to the raw loop
-is taken within a round before its median is taken. Start-up costs come from benchmarks/startup.py,
-multi-device throughput from benchmarks/multidevice.py.
+alike; each figure is the median over the rounds with its min-max, and each ratio (to the raw loop,
+and between two Trainer modes) is taken within a round before its median is taken. Each run trains
+``--epochs`` epochs of 64 steps and leaves the first out. Start-up costs come from
+benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
     return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
-def throughput(models: list[str], rounds: int) -> dict[str, dict[str, list[dict]]]:
+def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[str, list[dict]]]:
     """``{model: {mode: [figures of each round]}}``, rounds interleaved, the order rotated each round."""
     results: dict[str, dict[str, list[dict]]] = {model: {mode: [] for mode in MODES} for model in models}
     labels = list(MODES)
@@ -57,7 +58,7 @@ def throughput(models: list[str], rounds: int) -> dict[str, dict[str, list[dict]
         for model in models:
             for label in order:
                 mode, env = MODES[label]
-                figures = run("throughput.py", "--mode", mode, "--model", model, env=env)
+                figures = run("throughput.py", "--mode", mode, "--model", model, "--epochs", str(epochs), env=env)
                 figures["round"] = round_index
                 results[model][label].append(figures)
                 print(f"round {round_index + 1} {model} {label}: {json.dumps(figures)}", file=sys.stderr)
@@ -66,8 +67,8 @@ def throughput(models: list[str], rounds: int) -> dict[str, dict[str, list[dict]
 
 def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     lines = [
-        "| model | loop | steps/s | vs raw | compilations per epoch | transfers per step | first step s"
-        " | peak RSS MiB |",
+        "| model | loop | steps/s | vs raw | compilations: epoch 1 / later epochs | transfers per step"
+        " | first step s | peak RSS MiB |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for model, modes in results.items():
@@ -78,7 +79,7 @@ def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
                 lines.append(f"| {model} | {label} | failed: {runs[0].get('error')} | | | | | |")
                 continue
             ratios = [f["steps_per_s"] / raw_by_round[f["round"]] for f in good if f["round"] in raw_by_round]
-            compiles = sorted({str(f["compiles_per_epoch"]) for f in good})
+            compiles = sorted({f"{f['compiles_per_epoch'][0]} / {sum(f['compiles_per_epoch'][1:])}" for f in good})
             lines.append(
                 f"| {model} | {label} | {spread([f['steps_per_s'] for f in good])}"
                 f" | {spread(ratios, 2, 'x')} | {', '.join(compiles)}"
@@ -89,17 +90,39 @@ def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     return lines
 
 
+#: Pairs of Trainer modes compared within each round: (numerator, denominator).
+PAIRS = (("defaults", "plugin"), ("defaults-eager", "plugin"), ("plugin", "lightning"))
+
+
+def pair_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Ratios between two modes of the same round (median [min-max] over the rounds)."""
+    lines = ["| model | " + " | ".join(f"`{a}` / `{b}`" for a, b in PAIRS) + " |", "|---|" + "---|" * len(PAIRS)]
+    for model, modes in results.items():
+        cells = []
+        for a, b in PAIRS:
+            by_round = {f["round"]: f["steps_per_s"] for f in modes[b] if "error" not in f}
+            cells.append(
+                spread([f["steps_per_s"] / by_round[f["round"]] for f in modes[a] if f["round"] in by_round], 2, "x")
+            )
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default="small,wide")
+    parser.add_argument("--epochs", type=int, default=12, help="epochs a run; the first is left out (compilation)")
     parser.add_argument("--skip-multidevice", action="store_true")
     parser.add_argument("--skip-startup", action="store_true")
     args = parser.parse_args()
 
-    results = throughput(args.models.split(","), args.rounds)
-    print(f"Throughput: median [min-max] of {args.rounds} interleaved rounds; steady state = epochs 2-4.")
+    results = throughput(args.models.split(","), args.rounds, args.epochs)
+    print(f"Throughput: median [min-max] of {args.rounds} interleaved rounds; steady state = epochs 2-{args.epochs}.")
     print("\n".join(throughput_table(results)))
+    print()
+    print("Ratios of two modes within each round:")
+    print("\n".join(pair_table(results)))
     print()
     if not args.skip_multidevice:
         print("| devices | spawn 'xla' samples/s | SPMD 'xla_spmd' samples/s |")
