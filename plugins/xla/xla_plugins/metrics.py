@@ -16,9 +16,9 @@ values are read, never what they are:
   metric) are read exactly when the epoch ends, once, and reused until they change;
 * a logger's read (every ``log_every_n_steps`` and at epoch end) fetches all its tensors at once;
 * every read fetches all pending tensors in one transfer (``xm._maybe_convert_to_cpu``);
-* a logged value's result, when its tensors already live on the value's device, is not walked
-  again at each ``self.log`` (Lightning moves it there with a generic collection walk, about half a
-  millisecond a call on a two-core machine);
+* a logged name's result, when its tensors already live on the value's device, is not moved
+  again at each ``self.log`` (Lightning's move walks all of its attributes, a sizeable share of a
+  short step: see docs/performance.md);
 * results reset between epochs start from device data uploaded from the CPU
   (``xm.send_cpu_data_to_device``), so the first step of each later epoch runs the graph of every
   other step instead of compiling a new one.
