@@ -26,6 +26,7 @@ METHODS = (
     PrivateMethod(f"{_RESULT}:_ResultCollection.metrics", ("self", "on_step")),
     PrivateMethod(f"{_RESULT}:_ResultCollection.reset", ("self", "metrics", "fx")),
     PrivateMethod(f"{_RESULT}:_ResultCollection.cpu", ("self",)),
+    PrivateMethod(f"{_RESULT}:_ResultMetric.to", ("self", "args", "kwargs")),
     PrivateMethod(f"{_LOGGER}.log_metrics", ("self", "metrics", "step")),
     PrivateMethod(f"{_LOGGER}.teardown", ("self",)),
     # xla_plugins.closure
@@ -55,6 +56,7 @@ ATTRIBUTES = (
     # private module-level names imported by the plugin
     PrivateAttribute(f"{_RESULT}:", "_ResultCollection"),
     PrivateAttribute(f"{_RESULT}:", "_METRICS"),
+    PrivateAttribute(f"{_RESULT}:", "_ResultMetric"),
     PrivateAttribute(_LOGGER.partition(":")[0] + ":", "_LoggerConnector"),
     PrivateAttribute("lightning.pytorch.strategies.launchers.xla:", "_XLALauncher"),
     PrivateAttribute("lightning.fabric.strategies.launchers.xla:", "_XLALauncher"),

@@ -553,8 +553,8 @@ _watchdog: Optional[_Watchdog] = None
 def progress() -> None:
     """Record that the calling replica made progress, for the replica watch (:data:`REPLICA_TIMEOUT_VARIABLE`).
 
-    The multi-device strategies call it on every batch, optimizer step and collective
-    (:class:`ReportsProgress`); the launchers when a replica's function returns. It does nothing
+    The multi-device strategies call it on every batch the Trainer moves, optimizer step and
+    collective (:class:`ReportsProgress`); the launchers when a replica's function returns. It does nothing
     where no watch runs.
     """
     if _watchdog is not None:
