@@ -65,6 +65,12 @@ def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[st
     return results
 
 
+def within_round_ratios(runs: list[dict], baselines: list[dict]) -> list[float]:
+    """Steps/s of each run of ``runs`` over that of the ``baselines`` run of its round (failed runs left out)."""
+    by_round = {f["round"]: f["steps_per_s"] for f in baselines if "error" not in f}
+    return [f["steps_per_s"] / by_round[f["round"]] for f in runs if "error" not in f and f["round"] in by_round]
+
+
 def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     lines = [
         "| model | loop | steps/s | vs raw | compilations: epoch 1 / later epochs | transfers per step"
@@ -72,13 +78,12 @@ def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for model, modes in results.items():
-        raw_by_round = {f["round"]: f["steps_per_s"] for f in modes["raw"] if "error" not in f}
         for label, runs in modes.items():
             good = [f for f in runs if "error" not in f]
             if not good:
                 lines.append(f"| {model} | {label} | failed: {runs[0].get('error')} | | | | | |")
                 continue
-            ratios = [f["steps_per_s"] / raw_by_round[f["round"]] for f in good if f["round"] in raw_by_round]
+            ratios = within_round_ratios(good, modes["raw"])
             compiles = sorted({f"{f['compiles_per_epoch'][0]} / {sum(f['compiles_per_epoch'][1:])}" for f in good})
             lines.append(
                 f"| {model} | {label} | {spread([f['steps_per_s'] for f in good])}"
@@ -98,12 +103,7 @@ def pair_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     """Ratios between two modes of the same round (median [min-max] over the rounds)."""
     lines = ["| model | " + " | ".join(f"`{a}` / `{b}`" for a, b in PAIRS) + " |", "|---|" + "---|" * len(PAIRS)]
     for model, modes in results.items():
-        cells = []
-        for a, b in PAIRS:
-            by_round = {f["round"]: f["steps_per_s"] for f in modes[b] if "error" not in f}
-            cells.append(
-                spread([f["steps_per_s"] / by_round[f["round"]] for f in modes[a] if f["round"] in by_round], 2, "x")
-            )
+        cells = [spread(within_round_ratios(modes[a], modes[b]), 2, "x") for a, b in PAIRS]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return lines
 

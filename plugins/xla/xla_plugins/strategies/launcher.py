@@ -511,9 +511,11 @@ class _Watchdog:
             overdue = [(stamp, ident) for ident, stamp in stamps.items() if now - stamp >= self._timeout]
             if overdue:
                 stamp, ident = min(overdue)
-                self._report(ranks[ident], now - stamp, ident, ranks)
+                self._report(ident, now - stamp, ranks)
 
-    def _report(self, rank: int, still: float, ident: int, ranks: dict[int, int]) -> None:
+    def _report(self, ident: int, still: float, ranks: dict[int, int]) -> None:
+        """Report the replica of thread ``ident`` (still for ``still`` s) with every replica's stack; end the worker."""
+        rank = ranks[ident]
         frames = sys._current_frames()
         stack = _replica_stack(frames.get(ident))
         own = [f for f in stack if not f.f_code.co_filename.startswith(_STDLIB)] or stack  # skip threading's waits
