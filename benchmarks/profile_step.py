@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     profiler = cProfile.Profile()
-    meter = throughput.Meter()
+    meter = throughput.Meter(xla=not throughput.on_cpu(args.mode))
     start_epoch, end_epoch = meter.start_epoch, meter.end_epoch
 
     def start() -> None:
@@ -58,10 +58,7 @@ def main() -> None:
         end_epoch(steps)
 
     meter.start_epoch, meter.end_epoch = start, end  # type: ignore[method-assign]
-    if args.mode == "raw":
-        throughput.run_raw(args.model, 3, meter)
-    else:
-        throughput.run_trainer(args.model, 3, meter, args.mode)
+    throughput.run(args.mode, args.model, 3, meter)
     steps = sum(epoch["steps"] for epoch in meter.epochs[1:])
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     seconds: dict[str, float] = defaultdict(float)

@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -29,7 +30,15 @@ MODES: dict[str, tuple[str, dict[str, str]]] = {
     "defaults": ("defaults", {}),
     "defaults-eager": ("defaults", {"XLA_PLUGINS_METRIC_READS": "eager"}),
     "lightning": ("lightning", {}),
+    "raw-cpu": ("raw-cpu", {}),
+    "trainer-cpu": ("trainer-cpu", {}),
+    "defaults-cpu": ("defaults-cpu", {}),
 }
+
+
+def baseline(label: str) -> str:
+    """The raw loop a mode is compared with: on its own device (XLA, or torch's CPU for ``*-cpu``)."""
+    return "raw-cpu" if label.endswith("-cpu") else "raw"
 
 
 def run(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
@@ -65,10 +74,28 @@ def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[st
     return results
 
 
+def by_round(runs: list[dict]) -> dict[int, float]:
+    """Steps/s of each good run of ``runs``, by its round."""
+    return {f["round"]: f["steps_per_s"] for f in runs if "error" not in f}
+
+
+def within_round(runs: list[dict], baselines: list[dict], compare: Callable[[float, float], float]) -> list[float]:
+    """``compare(steps/s of a run, steps/s of the baselines run of its round)`` for each run of ``runs``.
+
+    Failed runs, and runs whose round has no good baseline run, are left out.
+    """
+    base = by_round(baselines)
+    return [compare(steps, base[r]) for r, steps in by_round(runs).items() if r in base]
+
+
 def within_round_ratios(runs: list[dict], baselines: list[dict]) -> list[float]:
-    """Steps/s of each run of ``runs`` over that of the ``baselines`` run of its round (failed runs left out)."""
-    by_round = {f["round"]: f["steps_per_s"] for f in baselines if "error" not in f}
-    return [f["steps_per_s"] / by_round[f["round"]] for f in runs if "error" not in f and f["round"] in by_round]
+    """Steps/s of each run of ``runs`` over that of the ``baselines`` run of its round."""
+    return within_round(runs, baselines, lambda run, base: run / base)
+
+
+def within_round_added_ms(runs: list[dict], baselines: list[dict]) -> list[float]:
+    """Milliseconds a step of each run of ``runs`` takes beyond a step of the ``baselines`` run of its round."""
+    return within_round(runs, baselines, lambda run, base: 1000 / run - 1000 / base)
 
 
 def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
@@ -83,12 +110,16 @@ def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
             if not good:
                 lines.append(f"| {model} | {label} | failed: {runs[0].get('error')} | | | | | |")
                 continue
-            ratios = within_round_ratios(good, modes["raw"])
-            compiles = sorted({f"{f['compiles_per_epoch'][0]} / {sum(f['compiles_per_epoch'][1:])}" for f in good})
+            ratios = within_round_ratios(good, modes[baseline(label)])
+            # torch's CPU device (the *-cpu modes) has no compilation or transfer to count (None): "-"
+            compiles = sorted(
+                {"-" if c is None else f"{c[0]} / {sum(c[1:])}" for c in (f["compiles_per_epoch"] for f in good)}
+            )
+            transfers = [f["transfers_per_step"] for f in good]
             lines.append(
                 f"| {model} | {label} | {spread([f['steps_per_s'] for f in good])}"
                 f" | {spread(ratios, 2, 'x')} | {', '.join(compiles)}"
-                f" | {spread([f['transfers_per_step'] for f in good], 3)}"
+                f" | {'-' if transfers[0] is None else spread(transfers, 3)}"
                 f" | {spread([f['first_step_s'] for f in good], 2)}"
                 f" | {spread([f['peak_rss_mib'] for f in good], 0)} |"
             )
@@ -96,7 +127,15 @@ def throughput_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
 
 
 #: Pairs of Trainer modes compared within each round: (numerator, denominator).
-PAIRS = (("defaults", "plugin"), ("defaults-eager", "plugin"), ("plugin", "lightning"))
+PAIRS = (("defaults", "plugin"), ("defaults-cpu", "trainer-cpu"), ("defaults-eager", "plugin"), ("plugin", "lightning"))
+#: What a Trainer adds to a step, within each round: (mode, the mode it adds to).
+ADDED = (
+    ("plugin", "raw"),
+    ("lightning", "raw"),
+    ("trainer-cpu", "raw-cpu"),
+    ("defaults", "plugin"),
+    ("defaults-cpu", "trainer-cpu"),
+)
 
 
 def pair_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
@@ -105,6 +144,27 @@ def pair_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     for model, modes in results.items():
         cells = [spread(within_round_ratios(modes[a], modes[b]), 2, "x") for a, b in PAIRS]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def added_table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Milliseconds a step that one mode adds to another of the same round (median [min-max] over the rounds).
+
+    The last column applies what Lightning's quiet loop adds on torch's CPU device to the XLA raw
+    loop's step of the same round: the ratio to ``raw`` the quiet XLA Trainer would reach if it added
+    no more than Lightning's loop does where no plugin is involved.
+    """
+    header = " | ".join(f"`{a}` - `{b}`" for a, b in ADDED)
+    lines = [f"| model | {header} | raw / (raw + (`trainer-cpu` - `raw-cpu`)) |", "|---|" + "---|" * (len(ADDED) + 1)]
+    for model, modes in results.items():
+        cells = [spread(within_round_added_ms(modes[a], modes[b]), 2, " ms") for a, b in ADDED]
+        cpu, cpu_raw = by_round(modes["trainer-cpu"]), by_round(modes["raw-cpu"])
+        bound = [
+            1 / (1 + steps * (1 / cpu[r] - 1 / cpu_raw[r]))
+            for r, steps in by_round(modes["raw"]).items()
+            if r in cpu and r in cpu_raw
+        ]
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {spread(bound, 2, 'x')} |")
     return lines
 
 
@@ -123,6 +183,9 @@ def main() -> None:
     print()
     print("Ratios of two modes within each round:")
     print("\n".join(pair_table(results)))
+    print()
+    print("Milliseconds a step one mode adds to another within each round:")
+    print("\n".join(added_table(results)))
     print()
     if not args.skip_multidevice:
         print("| devices | spawn 'xla' samples/s | SPMD 'xla_spmd' samples/s |")

@@ -13,6 +13,11 @@ metric reads off (``run_all.py`` runs that as ``defaults-eager``).
 from a TPU probe), so this mode makes Lightning's XLA accelerator count the PJRT CPU device: a
 benchmark-only patch, not something the plugin does.
 
+``raw-cpu``, ``trainer-cpu``, ``defaults-cpu``: ``raw``, ``plugin`` and ``defaults`` on torch's own CPU
+device, without XLA (``Trainer(accelerator="cpu")``): what Lightning's loop and its defaults cost
+where no plugin is involved, the reference for the XLA modes' overhead. Compilations and transfers
+do not exist there (reported as ``null``).
+
 Every mode: the same model, data, optimizer (SGD) and dtype (float32). Steady state excludes the
 first epoch (graph compilation). Time to first step runs from the start of the loop (``fit``, or the
 raw loop's first line) to the end of the first step's execution. Each mode runs in its own process
@@ -36,7 +41,7 @@ MODELS = {
     "small": (64, 128, 2, 32, 2048),  # MLP 64-128-128-10: overhead-bound, about a millisecond a step
     "wide": (64, 1024, 2, 32, 2048),  # MLP 64-1024-1024-10: about ten times the small model's compute
 }
-MODES = ("raw", "plugin", "defaults", "lightning")
+MODES = ("raw", "plugin", "defaults", "lightning", "raw-cpu", "trainer-cpu", "defaults-cpu")
 LEARNING_RATE = 0.01
 
 
@@ -55,9 +60,15 @@ def build(model: str) -> tuple[nn.Module, DataLoader]:
 
 
 class Meter:
-    """Per-epoch wall time, compilations and device-to-host transfers (torch_xla's metrics)."""
+    """Per-epoch wall time, compilations and device-to-host transfers (torch_xla's metrics).
 
-    def __init__(self) -> None:
+    Args:
+        xla: the loop runs on an XLA device; ``False`` for torch's CPU device, where there is
+            nothing to wait for and no compilation or transfer to count.
+    """
+
+    def __init__(self, xla: bool = True) -> None:
+        self.xla = xla
         self.epochs: list[dict[str, float]] = []
         self._start: dict[str, float] = {}
         self.began = time.perf_counter()
@@ -67,16 +78,22 @@ class Meter:
         """Mark the start of the loop (time to first step counts from here)."""
         self.began = time.perf_counter()
 
+    def wait(self) -> None:
+        """Wait for the device's pending work (on XLA: ``torch_xla.sync(wait=True)``)."""
+        if self.xla:
+            import torch_xla
+
+            torch_xla.sync(wait=True)
+
     def first_step_done(self) -> None:
         """Mark the end of the first step: waits for its execution."""
-        import torch_xla
-
         if self.first_step_s != self.first_step_s:  # still NaN
-            torch_xla.sync(wait=True)
+            self.wait()
             self.first_step_s = time.perf_counter() - self.began
 
-    @staticmethod
-    def counts() -> dict[str, float]:
+    def counts(self) -> dict[str, float]:
+        if not self.xla:
+            return {"time": time.perf_counter()}
         import torch_xla.debug.metrics as met
 
         def count(name: str) -> float:
@@ -93,9 +110,7 @@ class Meter:
         self._start = self.counts()
 
     def end_epoch(self, steps: int) -> None:
-        import torch_xla
-
-        torch_xla.sync(wait=True)
+        self.wait()
         now = self.counts()
         self.epochs.append({key: now[key] - self._start[key] for key in now} | {"steps": steps})
 
@@ -104,18 +119,35 @@ class Meter:
         steps = sum(epoch["steps"] for epoch in steady)
         return {
             "steps_per_s": steps / sum(epoch["time"] for epoch in steady),
-            "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs],
-            "transfers_per_step": sum(epoch["transfers"] for epoch in steady) / steps,
+            "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs] if self.xla else None,
+            "transfers_per_step": sum(epoch["transfers"] for epoch in steady) / steps if self.xla else None,
             "first_step_s": self.first_step_s,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
 
-def run_raw(model: str, epochs: int, meter: Meter) -> None:
-    import torch_xla
+def on_cpu(mode: str) -> bool:
+    """Whether ``mode`` runs on torch's CPU device rather than XLA."""
+    return mode.endswith("-cpu")
 
+
+def run(mode: str, model: str, epochs: int, meter: Meter) -> None:
+    """Train ``model`` for ``epochs`` epochs in ``mode`` (one of :data:`MODES`), timed by ``meter``."""
+    if mode in ("raw", "raw-cpu"):
+        run_raw(model, epochs, meter, cpu=on_cpu(mode))
+    else:
+        run_trainer(model, epochs, meter, mode)
+
+
+def run_raw(model: str, epochs: int, meter: Meter, cpu: bool = False) -> None:
+    # imported before the clock starts, as Lightning's import does for the Trainer modes: torch_xla,
+    # and torch._dynamo, which torch.optim's first step would otherwise import (about a second)
+    import torch._dynamo  # noqa: F401
+
+    if not cpu:
+        import torch_xla
     meter.begin()
-    device = torch_xla.device()
+    device, sync = (torch.device("cpu"), lambda: None) if cpu else (torch_xla.device(), torch_xla.sync)
     network, loader = build(model)
     network = network.to(device)
     optimizer = torch.optim.SGD(network.parameters(), lr=LEARNING_RATE)
@@ -128,7 +160,7 @@ def run_raw(model: str, epochs: int, meter: Meter) -> None:
             loss = nn.functional.cross_entropy(network(x), y)
             loss.backward()
             optimizer.step()
-            torch_xla.sync()
+            sync()
             steps += 1
             if steps == 1:
                 meter.first_step_done()
@@ -148,7 +180,7 @@ def run_trainer(model: str, epochs: int, meter: Meter, mode: str) -> None:
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = nn.functional.cross_entropy(self.network(x), y)
-            if mode == "defaults":
+            if defaults:
                 self.log("train_loss", loss, prog_bar=True)
             return loss
 
@@ -165,10 +197,11 @@ def run_trainer(model: str, epochs: int, meter: Meter, mode: str) -> None:
         def on_train_epoch_end(self, trainer, pl_module):
             meter.end_epoch(trainer.num_training_batches)
 
-    flags: dict[str, object] = dict(accelerator="xla", devices=1)
+    defaults = mode in ("defaults", "defaults-cpu")
+    flags: dict[str, object] = dict(accelerator="cpu" if on_cpu(mode) else "xla", devices=1)
     if mode == "lightning":
         flags = _lightnings_own_xla_flags()
-    if mode != "defaults":
+    if not defaults:
         flags.update(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(max_epochs=epochs, callbacks=[Timing()], default_root_dir=root, **flags)
@@ -200,11 +233,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
     os.environ.setdefault("PJRT_DEVICE", "CPU")
-    meter = Meter()
-    if args.mode == "raw":
-        run_raw(args.model, args.epochs, meter)
-    else:
-        run_trainer(args.model, args.epochs, meter, args.mode)
+    meter = Meter(xla=not on_cpu(args.mode))
+    run(args.mode, args.model, args.epochs, meter)
     print(json.dumps({"mode": args.mode, "model": args.model, **meter.summary()}))
 
 

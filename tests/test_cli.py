@@ -133,7 +133,7 @@ def test_list_ends_with_a_legend_of_every_state_and_mark_word():
 @pytest.mark.parametrize("args", [["doctor"], ["explain", "--accelerator", "cpu", "--devices", "1"]])
 def test_doctor_and_explain_report_their_time_and_import_no_backend_they_do_not_need(args):
     # Blocking the XLA plugin leaves only Lightning to answer: nothing may import torch_xla then
-    # (its import and runtime start dominate the command's time; benchmarks/cli.py has the figures).
+    # (its import and runtime start dominate the command's time; benchmarks/startup.py has the figures).
     code = f"""
         import sys
         from trainer_plugins._cli import main
