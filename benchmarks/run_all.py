@@ -229,6 +229,7 @@ def main() -> None:
     added = [a - b for a, b in zip(startup["with_pth_ms"], startup["without_pth_ms"], strict=True)]
     print(f"| added by the hook (present minus absent, paired runs) | {spread(added, 2, ' ms')} |")
     print(f"| modules imported at start-up (of torch, lightning, pluggy) | {startup['modules_imported_at_startup']} |")
+    print(f"| start-up module loaded from cached bytecode | {startup['hook_bytecode_cached']} |")
 
 
 if __name__ == "__main__":

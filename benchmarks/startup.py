@@ -91,6 +91,30 @@ def hook_pairs(runs: int = RUNS) -> tuple[list[float], list[float]]:
     return present, absent
 
 
+def hook_bytecode_cached() -> bool:
+    """Whether the start-up module has bytecode the interpreter can load instead of compiling its source.
+
+    Read from the ``.pyc`` header (its source's modification time and size, or a hash-based ``.pyc``).
+    Without it (``PYTHONDONTWRITEBYTECODE=1`` and an installer that does not compile, as on this
+    project's machine), every interpreter compiles the module at start: the hook costs more.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("_trainer_plugins_autoload")
+    if spec is None or spec.origin is None:
+        return False
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    if not cached.exists():
+        return False
+    header = cached.read_bytes()[:16]
+    if int.from_bytes(header[4:8], "little"):  # hash-based .pyc
+        return True
+    source = Path(spec.origin).stat()
+    return header[8:16] == (int(source.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (
+        source.st_size & 0xFFFFFFFF
+    ).to_bytes(4, "little")
+
+
 def main() -> None:
     python = [sys.executable, "-c", "pass"]
     imported = subprocess.run(
@@ -110,6 +134,7 @@ def main() -> None:
         "with_pth_ms": with_pth,
         "without_pth_ms": without_pth,
         "modules_imported_at_startup": imported,
+        "hook_bytecode_cached": hook_bytecode_cached(),
         "import_trainer_plugins_ms": median_ms([sys.executable, "-c", "import trainer_plugins"]),
         "discovery_ms": median_ms([sys.executable, "-c", "import trainer_plugins; trainer_plugins.get_catalog()"]),
         "list_command_ms": median_ms([cli, "list"]),
