@@ -86,12 +86,7 @@ class Recorder:
 
 def raw_loop(model: str, epochs: int, recorder: Recorder, cpu: bool) -> None:
     """benchmarks/throughput.py's raw loop with the Trainer's stamps; ``zero_grad`` where Lightning calls it."""
-    if cpu:
-        device, sync = torch.device("cpu"), lambda: None
-    else:
-        import torch_xla
-
-        device, sync = torch_xla.device(), torch_xla.sync
+    device, sync = throughput.raw_device(cpu)
     network, loader = throughput.build(model)
     network = network.to(device)
     optimizer = torch.optim.SGD(network.parameters(), lr=throughput.LEARNING_RATE)

@@ -31,6 +31,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -139,15 +140,28 @@ def run(mode: str, model: str, epochs: int, meter: Meter) -> None:
         run_trainer(model, epochs, meter, mode)
 
 
+def raw_device(cpu: bool) -> tuple[torch.device, Callable[[], object]]:
+    """The raw loop's device and what it calls at the end of a step.
+
+    Returns:
+        torch's CPU device and nothing to call (``cpu=True``), or torch_xla's device and ``torch_xla.sync``.
+    """
+    if cpu:
+        return torch.device("cpu"), lambda: None
+    import torch_xla
+
+    return torch_xla.device(), torch_xla.sync
+
+
 def run_raw(model: str, epochs: int, meter: Meter, cpu: bool = False) -> None:
     # imported before the clock starts, as Lightning's import does for the Trainer modes: torch_xla,
     # and torch._dynamo, which torch.optim's first step would otherwise import (about a second)
     import torch._dynamo  # noqa: F401
 
     if not cpu:
-        import torch_xla
+        import torch_xla  # noqa: F401
     meter.begin()
-    device, sync = (torch.device("cpu"), lambda: None) if cpu else (torch_xla.device(), torch_xla.sync)
+    device, sync = raw_device(cpu)
     network, loader = build(model)
     network = network.to(device)
     optimizer = torch.optim.SGD(network.parameters(), lr=LEARNING_RATE)
