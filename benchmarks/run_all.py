@@ -5,10 +5,14 @@
 Throughput, compilations, transfers, time to first step and peak memory come from
 benchmarks/throughput.py, one process per mode, model and round. Rounds are interleaved (every
 mode once per round, in a rotated order), so that a change in the machine's load hits all modes
-alike; each figure is the median over the rounds with its min-max, and each ratio (to the raw loop,
-and between two Trainer modes) is taken within a round before its median is taken. Each run trains
-``--epochs`` epochs of 64 steps and leaves the first out. Start-up costs come from
-benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py.
+alike; each figure is the median over the rounds with its min-max, and each ratio (to the raw loop
+on the same device, and between two Trainer modes) and each difference in milliseconds a step is
+taken within a round before its median is taken. The ``*-cpu`` modes run the raw loop and the
+Trainer on torch's CPU device: what Lightning's loop costs where neither XLA nor a plugin is
+involved. Each run trains ``--epochs`` epochs of 64 steps and leaves the first out. Start-up costs
+come from benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py; the step's
+counts and phases (docs/performance.md) from benchmarks/step_counts.py and benchmarks/step_phases.py,
+run on their own.
 """
 
 from __future__ import annotations
