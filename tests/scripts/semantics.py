@@ -167,6 +167,9 @@ def all_fabric_paths(fabric: L.Fabric, out: str) -> None:
     report: dict = {path: one_fabric_path(fabric, path) for path in paths}
     torch.manual_seed(0)
     initial = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1)).state_dict()
+    # The replicas of one worker are threads sharing torch's global seed: none may seed with 1
+    # (and set up, which seeds its device from that global seed) while another still seeds with 0.
+    fabric.barrier()
     report["seeds"] = {name: fabric_seeded_weights(fabric, seed, initial) for name, seed in SEEDS}
     mine = torch.tensor(float(fabric.global_rank), device=fabric.device)
     report["reduced"] = {op: fabric.all_reduce(mine, reduce_op=op).item() for op in ("mean", "sum", "max", "min")}
