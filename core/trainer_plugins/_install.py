@@ -188,4 +188,4 @@ def uninstall() -> None:
 
 def installed() -> bool:
     """Whether the imported Lightning packages' Trainer and Fabric build the plugin-aware connectors."""
-    return bool(attached())
+    return attached()
