@@ -152,10 +152,10 @@ def test_auto_runs_on_cpu_with_one_warning_naming_pjrt_device_when_it_names_an_a
 
 
 def test_doctor_reports_an_empty_pjrt_device_as_set_but_empty(monkeypatch):
-    from xla_plugins import _runtime
+    from xla_plugins import _doctor
 
     monkeypatch.setenv("PJRT_DEVICE", "")
-    info = _runtime.describe()
+    info = _doctor.describe()
     assert info["PJRT_DEVICE"] == "'' (set but empty)"
     assert info["error"].startswith("PJRT_DEVICE is set but empty")
     assert "device type" not in info

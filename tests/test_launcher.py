@@ -104,7 +104,7 @@ def test_no_worker_outlives_a_killed_main_process(sent, tmp_path):
 
 @pytest.mark.parametrize("value", ["soon", "-1", "inf", "nan"])
 def test_an_unreadable_replica_timeout_is_an_error_naming_the_variable(value, monkeypatch):
-    from xla_plugins.strategies.launcher import replica_timeout
+    from xla_plugins.strategies.launchers import replica_timeout
 
     monkeypatch.setenv("XLA_PLUGINS_REPLICA_TIMEOUT", value)
     with pytest.raises(ValueError, match=f"XLA_PLUGINS_REPLICA_TIMEOUT='{value}' is not valid"):
@@ -113,7 +113,7 @@ def test_an_unreadable_replica_timeout_is_an_error_naming_the_variable(value, mo
 
 @pytest.mark.parametrize(("value", "seconds"), [("", 1800.0), ("2.5", 2.5), ("1800", 1800.0), ("0", None)])
 def test_the_replica_timeout_default_value_and_off_switch(value, seconds, monkeypatch):
-    from xla_plugins.strategies.launcher import replica_timeout
+    from xla_plugins.strategies.launchers import replica_timeout
 
     monkeypatch.setenv("XLA_PLUGINS_REPLICA_TIMEOUT", value)
     assert replica_timeout() == seconds

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 import trainer_plugins  # noqa: E402
 from trainer_plugins import resolve_in  # noqa: E402
 from xla_plugins import _world  # noqa: E402
-from xla_plugins._runtime import RuntimeFigures  # noqa: E402
+from xla_plugins._world import RuntimeFigures  # noqa: E402
 
 pytestmark = pytest.mark.xla
 
@@ -38,8 +38,8 @@ def xla_strategy_classes(kind: str) -> list[tuple[str, str, type]]:
     built on it, such as an FSDP one, once registered); ``"per_device"``: one worker per device.
     """
     from xla_plugins._hooks import trainer_plugins_strategies
+    from xla_plugins.strategies._mesh import _OneProcessOverAMesh
     from xla_plugins.strategies.xla import _OneWorkerPerDevice
-    from xla_plugins.strategies.xla_spmd import _OneProcessOverAMesh
 
     base = _OneProcessOverAMesh if kind == "per_host" else _OneWorkerPerDevice
     found = []
@@ -452,7 +452,7 @@ def test_doctor_prints_the_runtime_view_and_what_may_differ_simulated_hosts(caps
 
 
 def test_doctor_warns_when_pjrt_device_is_left_to_each_host_simulated_hosts(monkeypatch):
-    from xla_plugins._runtime import host_warnings
+    from xla_plugins._doctor import host_warnings
 
     monkeypatch.delenv("PJRT_DEVICE", raising=False)  # torch_xla is imported already: only doctor's rule reads it
     warnings = host_warnings(SLICES[1].host(0))
@@ -479,7 +479,7 @@ def test_a_host_share_sent_with_minibatch_sharding_matches_the_one_host_sharding
         import json
         import numpy as np, torch, torch_xla, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
         xr.use_spmd()
-        from xla_plugins.strategies.xla_spmd import _send_host_share
+        from xla_plugins.strategies._mesh import _send_host_share
         mesh = xs.Mesh(np.arange(4), (4,), ("data",))
         batch = torch.arange(16.0).reshape(8, 2)
         sent = _send_host_share(batch, mesh, "data", torch_xla.device())

@@ -232,12 +232,14 @@ def test_a_torch_xla_torch_pair_matches_only_the_torch_release_torch_xla_is_buil
 
 
 def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_fix(monkeypatch):
-    from xla_plugins import _runtime
+    from xla_plugins import _doctor, _runtime
 
-    monkeypatch.setattr(_runtime, "version", lambda name: {"torch": "2.9.1", "torch_xla": "2.9.0"}[name])
+    versions = {"torch": "2.9.1", "torch_xla": "2.9.0"}
+    monkeypatch.setattr(_runtime, "version", versions.__getitem__)  # what the checks read
+    monkeypatch.setattr(_doctor, "version", versions.__getitem__)  # what doctor shows
     _runtime._check_versions.cache_clear()  # the real pair may have been checked (and cached) already
     try:
-        info = _runtime.describe()
+        info = _doctor.describe()
     finally:
         _runtime._check_versions.cache_clear()
     assert info["torch"] == "2.9.1" and info["torch_xla"] == "2.9.0"
@@ -262,7 +264,7 @@ class NeedsTwoArguments(Exception):
 
 
 def test_a_worker_exception_that_cannot_be_rebuilt_still_reaches_the_user_with_its_traceback():
-    from xla_plugins.strategies.launcher import _report, _reported_failure
+    from xla_plugins.strategies.launchers._failures import _report, _reported_failure
 
     try:
         raise NeedsTwoArguments(3, "diverged")

@@ -21,7 +21,7 @@ _EXPORTS = {
     "xla_plugins.strategies.xla": ("FabricXLAStrategy", "XLAStrategy"),
     "xla_plugins.strategies.xla_spmd": ("FabricXLASPMDStrategy", "XLASPMDStrategy"),
     "xla_plugins.strategies.xla_fsdp_v2": ("FabricXLAFSDPv2Strategy", "XLAFSDPv2Strategy"),
-    "xla_plugins.strategies.launcher": ("FabricXLALauncher", "WorkerTraceback", "XLALauncher"),
+    "xla_plugins.strategies.launchers": ("FabricXLALauncher", "WorkerTraceback", "XLALauncher"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -113,7 +113,7 @@ def trainer_plugins_environments() -> list[EnvironmentEntry]:
 def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
     if name not in ACCELERATOR_NAMES:
         return None
-    from xla_plugins._runtime import auto_candidate
+    from xla_plugins._detection import auto_candidate
 
     return auto_candidate()
 
@@ -158,11 +158,11 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
         return None
     if len(parallel_devices) == 1:
         return "single_xla"
-    from xla_plugins import _runtime
+    from xla_plugins import _logging, _runtime
 
     if _runtime.spawn_collectives_hang():
         # at DEBUG: the run's one start-up line already names the strategy (strategy=xla_spmd)
-        _runtime.log.debug(
+        _logging.log.debug(
             f"strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
             " the SPMD strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this"
             " device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
@@ -220,6 +220,6 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
 
 @hookimpl
 def trainer_plugins_doctor() -> dict[str, Any]:
-    from xla_plugins import _runtime
+    from xla_plugins import _doctor
 
-    return _runtime.describe()
+    return _doctor.describe()

@@ -39,7 +39,7 @@ METHODS = (
         "lightning.pytorch.callbacks.progress.tqdm_progress:TQDMProgressBar._should_update",
         ("self", "current", "total"),
     ),
-    # xla_plugins.strategies.launcher
+    # xla_plugins.strategies.launchers.xla
     PrivateMethod(
         f"{_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "trainer", "function", "args", "kwargs", "return_queue", "global_states"),

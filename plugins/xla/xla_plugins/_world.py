@@ -1,6 +1,6 @@
 """The world model: Lightning's world size and ranks from torch_xla's process and device figures.
 
-Written once, as pure functions of :class:`~xla_plugins._runtime.RuntimeFigures` (what
+Written once, as pure functions of :class:`RuntimeFigures` (what
 ``torch_xla.runtime`` reports), for both ways the plugin runs on a TPU slice of several hosts
 (the same script started on every host):
 
@@ -22,9 +22,39 @@ batch (torch_xla's ``minibatch`` input sharding joins the hosts' shares into the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
-from xla_plugins._runtime import RuntimeFigures
+
+@dataclass(frozen=True)
+class RuntimeFigures:
+    """What ``torch_xla.runtime`` reports about this process's (and replica thread's) place in the job.
+
+    The strategies and the XLA environment take world sizes and ranks from these figures only
+    (this module turns them into Lightning's), read through :func:`~xla_plugins._runtime.runtime_figures`,
+    the one adapter between the plugin and torch_xla's process and device queries. Each field names
+    the ``torch_xla.runtime`` function it comes from.
+
+    Attributes:
+        process_count: processes in the job across all hosts (``process_count()``).
+        process_index: this process's index in ``[0, process_count)`` (``process_index()``).
+        local_process_count: processes on this host (``local_process_count()``: one per TPU chip
+            under ``xmp.spawn``, 1 for an SPMD run or on PJRT CPU).
+        global_device_count: devices across all hosts (``global_runtime_device_count()``, which
+            counts physical devices also in SPMD mode, where ``global_device_count()`` is 1).
+        addressable_device_count: devices this process drives (``addressable_runtime_device_count()``).
+        global_ordinal: this replica thread's ordinal across all hosts (``global_ordinal()``; 0 in
+            SPMD mode, where one process drives the virtual device).
+        local_ordinal: this replica thread's ordinal on its host (``local_ordinal()``).
+    """
+
+    process_count: int
+    process_index: int
+    local_process_count: int
+    global_device_count: int
+    addressable_device_count: int
+    global_ordinal: int = 0
+    local_ordinal: int = 0
 
 
 class World(NamedTuple):
@@ -96,7 +126,7 @@ def one_replica_per_device(figures: RuntimeFigures) -> World:
       this is the TPU worker id).
 
     Args:
-        figures: this replica thread's :class:`~xla_plugins._runtime.RuntimeFigures`.
+        figures: this replica thread's :class:`RuntimeFigures`.
 
     Raises:
         ValueError: inconsistent figures (see :func:`check_figures`).
@@ -119,7 +149,7 @@ def one_process_per_host(figures: RuntimeFigures) -> World:
     the same world size and rank.
 
     Args:
-        figures: this process's :class:`~xla_plugins._runtime.RuntimeFigures`.
+        figures: this process's :class:`RuntimeFigures`.
 
     Raises:
         ValueError: inconsistent figures (see :func:`check_figures`), or more than one process per

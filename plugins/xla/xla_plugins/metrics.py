@@ -15,7 +15,7 @@ values are read, never what they are:
 * epoch-end values (``on_epoch=True`` results, and the last on-step value of each progress-bar
   metric) are read exactly when the epoch ends, once, and reused until they change;
 * a logger's read (every ``log_every_n_steps`` and at epoch end) fetches all its tensors at once;
-* every read fetches all pending tensors in one transfer (``xm._maybe_convert_to_cpu``);
+* every read fetches all pending tensors in one transfer (torch_xla's ``xla_model._maybe_convert_to_cpu``);
 * a logged name's result, when its tensors already live on the value's device, is not moved
   again at each ``self.log`` (Lightning's move walks all of its attributes, a sizeable share of a
   short step: see docs/performance.md);
@@ -40,7 +40,7 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import _METRIC
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from xla_plugins import _runtime
+from xla_plugins import _torch_xla_contract, _variables
 
 #: Variable that selects the read policy: ``lazy`` (default) or ``eager`` (Lightning's own reads).
 READS_VARIABLE = "XLA_PLUGINS_METRIC_READS"
@@ -69,7 +69,7 @@ def read_interval_s() -> float:
     Raises:
         ValueError: the value is not a number >= 0; the message names it.
     """
-    return _runtime.seconds_from_environment(
+    return _variables.seconds_from_environment(
         INTERVAL_VARIABLE, DEFAULT_READ_INTERVAL_S, "the seconds between two reads of the progress-bar metrics"
     )
 
@@ -80,23 +80,19 @@ def fetch(data: Any) -> Any:
     Pending computations of those tensors run first, as for any read. Non-XLA values are returned as
     they are.
     """
-    import torch_xla.core.xla_model as xm
-
     tensors: list[Tensor] = []
     apply_to_collection(data, Tensor, lambda tensor: tensors.append(tensor) if tensor.device.type == "xla" else None)
     if not tensors:
         return data
-    copies = dict(zip(map(id, tensors), xm._maybe_convert_to_cpu(tensors), strict=True))
+    copies = dict(zip(map(id, tensors), _torch_xla_contract.convert_to_cpu(tensors), strict=True))
     return apply_to_collection(data, Tensor, lambda tensor: copies.get(id(tensor), tensor))
 
 
 def _computed(tensor: Tensor) -> bool:
     """Whether the XLA ``tensor`` holds device data (its graph has run), so that reading it runs no graph."""
-    import torch_xla
-
     # torch_xla has no public test for this; its tensor description says "XLAData: None" while the
     # tensor is only a pending computation (asking for the data handle crashes on SPMD data instead).
-    return "XLAData: None" not in torch_xla._XLAC._get_xla_tensor_debug_info(tensor)
+    return "XLAData: None" not in _torch_xla_contract.tensor_debug_info(tensor)
 
 
 def _upload(tensor: Tensor, device: Any) -> Tensor:

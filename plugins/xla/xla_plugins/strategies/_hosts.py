@@ -23,14 +23,12 @@ import torch
 from torch import Tensor
 
 from xla_plugins._world import World
-from xla_plugins.strategies._reduce import reduce_op_name
+from xla_plugins.strategies._reduce import REDUCE_OPS, averaged, reduce_op_name
 
 #: torch.distributed backend of the host group: CPU tensors between the hosts' processes.
 BACKEND = "gloo"
 #: Rendezvous of the host group: torch_xla's (``torch_xla.distributed.xla_backend`` registers it).
 INIT_METHOD = "xla://"
-
-_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
 
 
 class HostGroup:
@@ -92,8 +90,8 @@ class HostGroup:
         import torch.distributed as dist
 
         tensor = value.detach().clone() if isinstance(value, Tensor) else torch.tensor(value)
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, _OPS[name]))
-        return tensor / self.world.world_size if name in ("mean", "avg") else tensor
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, REDUCE_OPS[name].upper()))
+        return averaged(name, tensor, self.world.world_size)
 
     def all_gather(self, tensor: Tensor) -> Tensor:
         """``tensor`` of every host stacked along a new first dimension (``world_size``), as DDP's.

@@ -8,7 +8,9 @@ import torch
 from lightning.fabric.utilities.types import ReduceOp
 from torch import Tensor
 
-#: Lightning's reduce operations (``reduce_fx``/``reduce_op`` names) -> torch_xla's reduce type.
+#: Lightning's reduce operations (``reduce_fx``/``reduce_op`` names) -> the reduction over the replicas
+#: that computes them: torch_xla's reduce type, upper-cased the ``torch.distributed.ReduceOp`` member.
+#: ``mean``/``avg`` are a sum, then divided by the world size (:func:`averaged`).
 REDUCE_OPS = {"sum": "sum", "mean": "sum", "avg": "sum", "max": "max", "min": "min"}
 _ENUM_NAMES = {"SUM": "sum", "AVG": "avg", "MAX": "max", "MIN": "min"}
 
@@ -35,14 +37,21 @@ def reduce_op_name(reduce_op: Optional[Union[ReduceOp, str]]) -> str:
     return name
 
 
+def averaged(name: str, reduced: Tensor, world_size: int) -> Tensor:
+    """``reduced`` (a sum over ``world_size`` ranks) divided by ``world_size`` for ``mean``/``avg``, else itself.
+
+    Lightning's rule, as for DDP on gloo: an integer tensor's mean is floating point.
+    """
+    return reduced / world_size if name in ("mean", "avg") else reduced
+
+
 def all_reduce(
     tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]], world_size: int, device: Any
 ) -> Tensor:
     """Reduce ``tensor`` over all replicas with ``xm.all_reduce``, as DDP's ``reduce`` does over ranks.
 
     Every replica must call it (it is a collective). A non-tensor is first made a tensor on
-    ``device``. ``mean``/``avg`` sum, then divide by ``world_size`` (Lightning's rule, as for DDP on
-    gloo), so an integer tensor's mean is floating point.
+    ``device``. ``mean``/``avg`` sum, then divide by ``world_size`` (:func:`averaged`).
 
     Raises:
         ValueError: unsupported ``reduce_op`` (see :func:`reduce_op_name`).
@@ -63,4 +72,4 @@ def all_reduce(
         torch_xla.sync()
     else:
         reduced = tensor
-    return reduced / world_size if name in ("mean", "avg") else reduced
+    return averaged(name, reduced, world_size)

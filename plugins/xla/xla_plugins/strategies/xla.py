@@ -2,36 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 from lightning.fabric.strategies.xla import XLAStrategy as _LightningFabricXLAStrategy
-from lightning.fabric.utilities.types import _PATH, ReduceOp
+from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
 from torch import Tensor
-from typing_extensions import override
 
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
-from xla_plugins.strategies.launcher import FabricXLALauncher, ReportsProgress, XLALauncher, progress
+from xla_plugins.strategies.launchers import FabricXLALauncher, ReportsProgress, XLALauncher, progress
 
 
 class _OneWorkerPerDevice(ReportsProgress):
-    """What both flavours change in Lightning's XLA strategy: environment, device, progress for the replica watch.
+    """What both flavours change in Lightning's XLA strategy: environment, device, launcher, reductions, checkpoints.
 
-    Constructor arguments are those of Lightning's ``XLAStrategy`` of the flavour.
+    Constructor arguments are those of Lightning's ``XLAStrategy`` of the flavour. Each flavour
+    names its launcher (:attr:`_launcher_class`) and the Lightning strategy it subclasses
+    (:attr:`_lightning_strategy`), and exposes :meth:`_all_reduce` under its Lightning name.
     """
 
     _launched: bool
+    _launcher_class: ClassVar[type]
+    _lightning_strategy: ClassVar[type]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _runtime.require_torch_xla()
         super().__init__(*args, **kwargs)
         self.cluster_environment = XLAEnvironment()
+
+    def _configure_launcher(self) -> None:
+        self._launcher = self._launcher_class(self)
 
     @property
     def root_device(self) -> torch.device:
@@ -61,18 +66,40 @@ class _OneWorkerPerDevice(ReportsProgress):
     def num_nodes(self, num_nodes: int) -> None:
         self._num_nodes = num_nodes
 
-    def _all_reduce(self, tensor: Union[Tensor, Any], reduce_op: Optional[Union[ReduceOp, str]]) -> Tensor:
-        """Reduce over the replicas with any op Lightning supports (see ``_reduce.all_reduce``)."""
+    def _all_reduce(
+        self,
+        output: Union[Tensor, Any],
+        group: Optional[Any] = None,
+        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
+    ) -> Tensor:
+        """Reduce ``output`` over all replicas: sum, mean/avg, max or min (``group`` is ignored, as in Lightning's).
+
+        See :func:`~xla_plugins.strategies._reduce.all_reduce`.
+
+        Raises:
+            ValueError: another ``reduce_op``.
+        """
         progress()
         world_size: int = self.world_size  # type: ignore[attr-defined]
-        return _reduce.all_reduce(tensor, reduce_op, world_size, self.root_device)
+        return _reduce.all_reduce(output, reduce_op, world_size, self.root_device)
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """Sync pending lazy tensors on every rank (so no collective hangs), then write on global rank 0.
+
+        Takes the arguments of the flavour's ``save_checkpoint`` in Lightning.
+        """
+        import torch_xla
+
+        torch_xla.sync()
+        # Lightning's XLAStrategy.save_checkpoint would sync with the deprecated `xm.mark_step`.
+        super(self._lightning_strategy, self).save_checkpoint(*args, **kwargs)  # type: ignore[arg-type, misc]
 
 
 class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy):  # type: ignore[misc]
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
-    :class:`~xla_plugins.strategies.launcher.XLALauncher` starts one worker per device; dataloaders
+    :class:`~xla_plugins.strategies.launchers.XLALauncher` starts one worker per device; dataloaders
     are wrapped once in torch_xla's ``MpDeviceLoader`` (still exposing ``dataset`` and
     ``batch_sampler``); rank 0's parameters are broadcast at setup; ``all_gather``, ``broadcast``,
     ``reduce`` and ``barrier`` use XLA collectives (``barrier`` and ``broadcast`` do nothing before
@@ -101,34 +128,9 @@ class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtS
         ModuleNotFoundError: torch_xla is not installed.
     """
 
-    @override
-    def _configure_launcher(self) -> None:
-        self._launcher = XLALauncher(self)
-
-    @override
-    def reduce(
-        self,
-        output: Union[Tensor, Any],
-        group: Optional[Any] = None,
-        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
-    ) -> Tensor:
-        """Reduce ``output`` over all replicas: sum, mean/avg, max or min (``group`` is ignored, as in Lightning's).
-
-        Raises:
-            ValueError: another ``reduce_op``.
-        """
-        return self._all_reduce(output, reduce_op)
-
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
-    ) -> None:
-        """Sync pending lazy tensors on every rank (so no collective hangs), then write on global rank 0."""
-        import torch_xla
-
-        torch_xla.sync()
-        # Lightning's XLAStrategy.save_checkpoint would sync with the deprecated `xm.mark_step`.
-        super(_LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+    _launcher_class = XLALauncher
+    _lightning_strategy = _LightningXLAStrategy
+    reduce = _OneWorkerPerDevice._all_reduce  # Lightning's Trainer name of the reduction
 
 
 class FabricXLAStrategy(_OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFabricXLAStrategy):  # type: ignore[misc]
@@ -136,7 +138,7 @@ class FabricXLAStrategy(_OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFa
 
     Fabric's counterpart of :class:`XLAStrategy`, with the same changes to Lightning's: this
     plugin's environment, ``torch_xla.device()``, ``torch_xla.sync()`` before checkpoints and the
-    failure-stopping :class:`~xla_plugins.strategies.launcher.FabricXLALauncher`, ``all_reduce`` with
+    failure-stopping :class:`~xla_plugins.strategies.launchers.FabricXLALauncher`, ``all_reduce`` with
     max and min, and the device RNG seeded when a module is set up. ``fabric.setup_optimizers``
     after ``fabric.setup_module`` is refused with Lightning's ``RuntimeError`` (set the model and
     optimizers up together with ``fabric.setup``). Its precision
@@ -146,36 +148,6 @@ class FabricXLAStrategy(_OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFa
         ModuleNotFoundError: torch_xla is not installed.
     """
 
-    @override
-    def _configure_launcher(self) -> None:
-        self._launcher = FabricXLALauncher(self)
-
-    @override
-    def all_reduce(
-        self,
-        output: Union[Tensor, Any],
-        group: Optional[Any] = None,
-        reduce_op: Optional[Union[ReduceOp, str]] = "mean",
-    ) -> Tensor:
-        """Reduce ``output`` over all replicas: sum, mean/avg, max or min.
-
-        Raises:
-            ValueError: another ``reduce_op``.
-        """
-        return self._all_reduce(output, reduce_op)
-
-    @override
-    def save_checkpoint(
-        self,
-        path: _PATH,
-        state: dict[str, Any],
-        storage_options: Optional[Any] = None,
-        filter: Optional[dict[str, Callable[[str, Any], bool]]] = None,
-    ) -> None:
-        """Sync pending lazy tensors on every rank, then write on global rank 0."""
-        import torch_xla
-
-        torch_xla.sync()
-        super(_LightningFabricXLAStrategy, self).save_checkpoint(
-            path, state, storage_options=storage_options, filter=filter
-        )
+    _launcher_class = FabricXLALauncher
+    _lightning_strategy = _LightningFabricXLAStrategy
+    all_reduce = _OneWorkerPerDevice._all_reduce  # Lightning's Fabric name of the reduction

@@ -1,0 +1,108 @@
+"""What ``trainer-plugins doctor`` shows for XLA: versions, PJRT device, devices, what may differ between hosts.
+
+Runs the checks of the runtime adapter (:mod:`xla_plugins._runtime`) and reports their failures as
+values, never as exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from xla_plugins import _runtime
+from xla_plugins._world import RuntimeFigures
+
+
+def describe() -> dict[str, object]:
+    """What ``trainer-plugins doctor`` shows for XLA: versions, PJRT device, device count, runtime.
+
+    Starts the PJRT runtime (in a probe process) to count devices; failures are reported as values.
+    """
+    from trainer_plugins import unsupported_versions
+
+    info: dict[str, object] = {
+        "torch": _version_or("torch"),
+        "torch_xla": _version_or("torch_xla"),
+        "PJRT_DEVICE": _pjrt_device_shown(),
+    }
+    for number, problem in enumerate(unsupported_versions("xla-plugins", ["lightning"]), start=1):
+        info[f"unsupported version {number}"] = problem
+    raw = os.environ.get("PJRT_DEVICE")
+    if raw is not None and not raw.strip():
+        info["error"] = "PJRT_DEVICE is set but empty, so torch_xla starts no device; unset it or name a device type"
+        return info
+    try:
+        info["runtime"] = "PJRT" if _runtime.require_torch_xla() is not None else "?"
+        info["device type"] = _runtime.device_type()
+        figures = _runtime.runtime_figures()
+    except (ModuleNotFoundError, RuntimeError) as error:
+        info["error"] = _runtime.runtime_error_text(error)
+        return info
+    info["device count"] = figures.addressable_device_count
+    info.update(host_view(figures))
+    for number, warning in enumerate(host_warnings(figures), start=1):
+        info[f"warning {number}"] = warning
+    return info
+
+
+#: Distributions whose versions must be the same on every host of a slice (``doctor`` shows them).
+SLICE_DISTRIBUTIONS = ("torch", "torch_xla", "libtpu", "lightning", "trainer-plugins", "xla-plugins")
+
+
+def host_view(figures: RuntimeFigures) -> dict[str, object]:
+    """The runtime's view of this host for ``doctor``: host index and count, local and global devices.
+
+    A host is one process of a one-process-per-host run (how ``doctor``'s probe and the SPMD
+    strategies start the runtime): host index ``process_index()``, host count ``process_count()``,
+    local devices ``addressable_runtime_device_count()``, global ``global_runtime_device_count()``.
+    """
+    return {
+        "host index": figures.process_index,
+        "host count": figures.process_count,
+        "local device count": figures.addressable_device_count,
+        "global device count": figures.global_device_count,
+    }
+
+
+def host_warnings(figures: RuntimeFigures) -> list[str]:
+    """What could differ between the hosts of a slice, as far as this host can see (``doctor``).
+
+    Nothing on one host. On several: ``PJRT_DEVICE`` unset (each host then picks its own device,
+    :func:`~xla_plugins._runtime.require_torch_xla`); the versions of :data:`SLICE_DISTRIBUTIONS`,
+    which must match on every host and can only be compared across the hosts' outputs; devices
+    that do not add up (``global != hosts x local``: hosts with different device counts).
+    """
+    if figures.process_count <= 1:
+        return []
+    warnings_ = []
+    if not os.environ.get("PJRT_DEVICE", "").strip():
+        warnings_.append(
+            "PJRT_DEVICE is not set: each host picks its own device type (TPU only where libtpu finds a chip);"
+            " set PJRT_DEVICE=TPU on every host"
+        )
+    versions = ", ".join(f"{name} {_version_or(name)}" for name in SLICE_DISTRIBUTIONS)
+    warnings_.append(
+        f"{figures.process_count} hosts: every host must run the same versions ({versions}) and environment;"
+        " compare this output across hosts (run it with --worker=all)"
+    )
+    if figures.global_device_count != figures.process_count * figures.addressable_device_count:
+        warnings_.append(
+            f"{figures.global_device_count} global devices are not {figures.process_count} hosts x"
+            f" {figures.addressable_device_count} local devices: the hosts have different device counts"
+        )
+    return warnings_
+
+
+def _pjrt_device_shown() -> str:
+    """``PJRT_DEVICE`` as ``doctor`` shows it: the value, or what its absence or emptiness means."""
+    raw = os.environ.get("PJRT_DEVICE")
+    if raw is None:
+        return "(unset: torch_xla picks a TPU if attached, else CPU)"
+    return raw if raw.strip() else "'' (set but empty)"
+
+
+def _version_or(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "not installed"
