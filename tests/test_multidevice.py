@@ -169,9 +169,11 @@ def test_spmd_strategy_end_to_end(devices, tmp_path):
 
 @pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_traceback(tmp_path):
+    # The replica watch is off: only the launcher's stop on the first failure can end this run (the
+    # other replicas wait for rank 1 in a collective); without it the run hangs until `timeout`.
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "worker_failure.py"), str(tmp_path)],
-        env={**os.environ, **environment(4)},
+        env={**os.environ, **environment(4), "XLA_PLUGINS_REPLICA_TIMEOUT": "0"},
         capture_output=True,
         text=True,
         timeout=300,
@@ -185,22 +187,22 @@ def test_a_failing_replica_stops_every_worker_and_reaches_the_user_with_its_trac
     assert report["workers_alive"] == []
     assert set(report["children_after"]) <= set(report["children_before"])  # nothing the run started survives
     assert report["precision_variables"] == {"XLA_USE_BF16": None, "XLA_USE_F16": None}
-    assert report["seconds"] < 60  # stopped, not left to time out
 
 
 @pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
 def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     result = run_python(
         """
-        import time
+        import multiprocessing
         import lightning as L
+        from xla_plugins._torch_xla_contract import runtime_is_initialized
         trainer = L.Trainer(accelerator="xla", devices=4, logger=False)
         print(type(trainer.strategy).__name__)
-        started = time.monotonic()
         try:
             L.Trainer(accelerator="xla", devices=4, strategy="xla", logger=False)
         except NotImplementedError as error:
-            print(f"{time.monotonic() - started:.1f}", error, "|", *getattr(error, "__notes__", []))
+            started = runtime_is_initialized() or bool(multiprocessing.active_children())
+            print("started" if started else "nothing-started", error, "|", *getattr(error, "__notes__", []))
         """,
         env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"},
     )
@@ -209,8 +211,9 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     # said in the run's one start-up line (the reason is logged at DEBUG on the xla_plugins logger)
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("trainer-plugins: ")]
     assert "strategy=xla_spmd" in line
-    seconds, message = refusal.split(" ", 1)
-    assert float(seconds) < 10
+    # refused by the Trainer's constructor, before the XLA runtime or any worker process started here
+    started, message = refusal.split(" ", 1)
+    assert started == "nothing-started"
     message, note = message.split(" | ", 1)
     assert note.startswith(
         "raised by plugin xla (xla-plugins "

@@ -76,14 +76,12 @@ if __name__ == "__main__":
         enable_model_summary=False,
     )
     report: dict[str, object] = {"children_before": children(os.getpid())}  # e.g. torch's compile workers
-    started = time.monotonic()
     try:
         trainer.fit(GivesUp(), data)
     except ValueError as error:
         report["error"] = repr(error)
         report["cause"] = type(error.__cause__).__name__
         report["traceback"] = str(error.__cause__)
-    report["seconds"] = time.monotonic() - started
     time.sleep(1)
     worker_pids = sorted({int(open(os.path.join(PID_DIR, name)).read()) for name in os.listdir(PID_DIR)})
     report["worker_pids"] = worker_pids
