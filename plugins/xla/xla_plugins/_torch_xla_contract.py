@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from importlib import import_module
+from pkgutil import resolve_name as _resolve
 from typing import Any, NamedTuple, Optional
 
 #: A Python function: its parameter names are checked (``inspect.signature``).
@@ -98,14 +98,6 @@ NAMES: tuple[PrivateName, ...] = (
     FSDP_V2_WRAPPED_MODULE,
     *CHECKPOINTED_FORWARDS,
 )
-
-
-def _resolve(path: str) -> Any:
-    module_name, _, qualname = path.partition(":")
-    found: Any = import_module(module_name)
-    for part in filter(None, qualname.split(".")):
-        found = getattr(found, part)
-    return found
 
 
 def run_thread_per_device(local_rank: int, local_world_size: int, fn: Any, initializer_fn: Any) -> Any:

@@ -129,7 +129,8 @@ def _add_wrapper_names(module: Module, state_dict: dict[str, Any], prefix: str, 
 class _ShardsParameters:
     """What both flavours add to the SPMD strategies: the FSDP mesh, wrapping, checkpoint format.
 
-    Keyword arguments: see :class:`XLAFSDPv2Strategy`; the rest go to the SPMD strategy.
+    Keyword arguments: see :class:`~xla_plugins.strategies.xla_fsdp_v2.XLAFSDPv2Strategy`; the rest go to the
+    SPMD strategy.
     """
 
     lightning_module: Any
