@@ -100,7 +100,11 @@ def check_json(command: str, document, blocked: tuple[str, ...] = ()) -> None:
     elif command == "doctor":
         assert set(document) == {"backends", "availability", "quarantined", "side effects"}
         assert document["backends"][LIGHTNING]["lightning"] == version("lightning")
-        assert (XLA in document["backends"]) is (HAS_TORCH_XLA and "xla" not in blocked)
+        if "xla" in blocked:
+            assert XLA not in document["backends"]
+        else:
+            installed = version("torch_xla") if HAS_TORCH_XLA else "not installed"
+            assert document["backends"][XLA]["torch_xla"] == installed
         assert set(document["availability"]) == (set() if "xla" in blocked else {"xla"})
         assert (document["quarantined"], document["side effects"]) == ({}, {})
     else:

@@ -8,7 +8,6 @@ import pytest
 
 L = pytest.importorskip("lightning")
 import torch  # noqa: E402
-from conftest import HAS_TORCH_XLA  # noqa: E402
 from lightning.fabric.plugins.environments import LightningEnvironment  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDeviceStrategy  # noqa: E402
 from plugin_helpers import make_plugin  # noqa: E402
@@ -210,18 +209,14 @@ def test_the_three_steps_of_the_rule_answer_in_order(strategy_class, answer, ste
 def registered_strategies_with_their_own_is_distributed() -> list[tuple[str, str, type]]:
     """``(name, api, class)`` of every registered strategy whose class or a base defines ``is_distributed``.
 
-    Read from the classes themselves; those that cannot be imported here (the XLA plugin's without
-    torch_xla) are left out.
+    Read from the classes themselves (the XLA plugin's import without torch_xla; their answer needs it).
     """
     found = []
     for name, claim in sorted(trainer_plugins.get_catalog().claims["strategy"].items()):
         for api in ("trainer", "fabric"):
             if claim.entry.class_path(api) is None:
                 continue
-            try:
-                cls = claim.entry.load(api)
-            except ModuleNotFoundError:
-                continue
+            cls = claim.entry.load(api)
             if any("is_distributed" in vars(base) for base in cls.__mro__):
                 found.append((name, api, cls))
     return found
@@ -230,7 +225,7 @@ def registered_strategies_with_their_own_is_distributed() -> list[tuple[str, str
 WITH_THEIR_OWN = registered_strategies_with_their_own_is_distributed()
 #: The registered strategies whose own ``is_distributed`` gives the answer (step 2); every other one
 #: with the attribute is Lightning's DDP family (``DDPStrategy.is_distributed``, deprecated), whitelisted.
-ANSWERING_FOR_THEMSELVES = {"local_sgd", "local_sgd_8"} | ({"xla_spmd", "xla_fsdp_v2"} if HAS_TORCH_XLA else set())
+ANSWERING_FOR_THEMSELVES = {"local_sgd", "local_sgd_8", "xla_spmd", "xla_fsdp_v2"}
 
 
 def test_the_strategies_answering_for_themselves_are_the_ones_this_module_tests():

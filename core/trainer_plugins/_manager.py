@@ -83,7 +83,8 @@ class PluginManager(pluggy.PluginManager):
         it skips a second distribution using a taken name silently, where this reports a conflict;
         it blocks by plugin name only, with no record, where the controls also block by
         distribution name and ``trainer-plugins list`` shows why; and it registers the plugin module
-        itself, where this registers the guarded hooks after the API handshake.
+        itself, where this registers the guarded hooks after the API handshake. (So pluggy's
+        ``list_plugin_distinfo()`` stays empty: each :class:`PluginRecord` names its distribution.)
         """
         for ep in entry_points(group=group):
             dist = ep.dist
