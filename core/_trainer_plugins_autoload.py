@@ -3,7 +3,7 @@
 At interpreter start it only *arms* an import hook; it imports nothing but ``os`` and ``sys`` (no
 torch, no Lightning, no plugin). When the ``lightning`` package has finished importing (any
 ``import lightning...`` runs its ``__init__`` first, which loads Trainer and Fabric), the hook calls
-:func:`trainer_plugins._install.attach`: Trainer and Fabric then build the plugin-aware connectors
+:func:`trainer_plugins._attach.attach`: Trainer and Fabric then build the plugin-aware connectors
 of :mod:`trainer_plugins._lightning`, which are imported on the first ``Trainer(...)``/``Fabric(...)``.
 This module holds only what runs before that: every Python process reads it, and where no bytecode
 of it can be cached (``PYTHONDONTWRITEBYTECODE=1``, a read-only site-packages, an installer that
@@ -71,7 +71,7 @@ def _attach_after_exec(loader):
 
     def exec_and_attach(module):
         exec_module(module)
-        from trainer_plugins._install import attach
+        from trainer_plugins._attach import attach
 
         attach()
 

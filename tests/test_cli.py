@@ -82,13 +82,46 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
+EXPLAINED_ROLES = ["accelerator", "devices", "environment", "strategy", "precision", "is_distributed"]
+LIGHTNING = f"lightning (lightning {version('lightning')})"
+XLA = f"xla (xla-plugins {version('xla-plugins')})"
+
+
+def check_json(command: str, document, blocked: tuple[str, ...] = ()) -> None:
+    """What ``trainer-plugins --json <command>`` prints for this repository's plugins (``blocked`` ones blocked)."""
+    if command == "list":
+        states = {plugin["name"]: plugin["state"] for plugin in document["plugins"]}
+        expected = {"lightning": "loaded", "xla": "loaded", "localsgd": "loaded"}
+        assert states == {**expected, **dict.fromkeys(blocked, "blocked")}
+        localsgd = next(plugin for plugin in document["plugins"] if plugin["name"] == "localsgd")
+        assert [entry["name"] for entry in localsgd["provides"]["strategy"]] == ["local_sgd", "local_sgd_8"]
+        tpu = [conflict for conflict in document["conflicts"] if conflict.startswith("accelerator 'tpu'")]
+        assert tpu == ([] if "xla" in blocked else [f"accelerator 'tpu' is claimed by {LIGHTNING}, {XLA}; {XLA} wins"])
+    elif command == "doctor":
+        assert set(document) == {"backends", "availability", "quarantined", "side effects"}
+        assert document["backends"][LIGHTNING]["lightning"] == version("lightning")
+        if "xla" in blocked:
+            assert XLA not in document["backends"]
+        else:
+            installed = version("torch_xla") if HAS_TORCH_XLA else "not installed"
+            assert document["backends"][XLA]["torch_xla"] == installed
+        assert set(document["availability"]) == (set() if "xla" in blocked else {"xla"})
+        assert (document["quarantined"], document["side effects"]) == ({}, {})
+    else:
+        assert [row["role"] for row in document] == EXPLAINED_ROLES
+        choices = {row["role"]: row["choice"] for row in document}
+        assert choices["accelerator"] == "cpu (lightning.pytorch.accelerators.cpu.CPUAccelerator)"
+        assert choices["strategy"] == "single_device (lightning.pytorch.strategies.single_device.SingleDeviceStrategy)"
+        assert choices["is_distributed"] == "False"
+
+
 @pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
 @pytest.mark.parametrize("command", [["list"], ["doctor"], ["explain", "--accelerator", "cpu", "--devices", "1"]])
 def test_json_is_accepted_before_and_after_every_subcommand(capsys, command, before):
     args = ["--json", *command] if before else [*command, "--json"]
     status, out, err = run_main(capsys, *args)
     assert status == 0, err
-    assert json.loads(out)  # stdout is JSON only, whatever the order: a listing, a report, decisions
+    check_json(command[0], json.loads(out))  # stdout is JSON only, whatever the order
 
 
 def test_json_given_twice_or_not_at_all(capsys):
@@ -146,7 +179,7 @@ def test_doctor_and_explain_report_their_time_and_import_no_backend_they_do_not_
     assert re.fullmatch(r"took \d+\.\d\d s", took), result.stdout
     assert imported == "torch_xla imported: False"
     json_result = cli("--json", *args, env={"TRAINER_PLUGINS_BLOCK": "xla"})
-    assert json.loads(json_result.stdout)
+    check_json(args[0], json.loads(json_result.stdout), blocked=("xla",))
     assert re.fullmatch(r"took \d+\.\d\d s\n", json_result.stderr)  # stdout stays pure JSON
 
 

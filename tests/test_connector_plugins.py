@@ -8,11 +8,12 @@ import pytest
 
 L = pytest.importorskip("lightning")
 import torch  # noqa: E402
+from lightning.pytorch.accelerators import CPUAccelerator  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy  # noqa: E402
 from plugin_helpers import make_plugin  # noqa: E402
 
 import trainer_plugins  # noqa: E402
-from trainer_plugins import AcceleratorEntry, PluginError, PluginWarning  # noqa: E402
+from trainer_plugins import AcceleratorEntry, PluginError, PluginWarning, StrategyEntry  # noqa: E402
 
 FAKE = "fake_accelerators:FakeAccelerator"
 
@@ -163,3 +164,33 @@ def test_a_plugin_chooses_the_strategy_for_its_accelerator(extra_plugins):
     row = trainer._accelerator_connector.plugin_connector.explanation.as_dicts()[3]
     assert row["role"] == "strategy" and row["plugin"] == "npu (test-dist 1.0)"
     assert os.environ.get("TRAINER_PLUGINS_PIN_STRATEGY") is None
+
+
+class OwnSingleDevice(SingleDeviceStrategy):
+    """A plugin's strategy that a Lightning check of its own would refuse."""
+
+
+def refusal_plugin(answer):
+    """Declares ``own_single`` and answers ``answer`` to every refusal of a pair that holds one of its strategies."""
+    return make_plugin(
+        strategies=lambda: [StrategyEntry("own_single", trainer="test_connector_plugins:OwnSingleDevice")],
+        accept_lightning_refusal=lambda strategy: answer if isinstance(strategy, OwnSingleDevice) else None,
+    )
+
+
+def test_the_plugin_of_the_strategy_accepts_lightnings_refusal_of_it(extra_plugins):
+    extra_plugins("own", refusal_plugin(True))
+    connector = trainer_plugins.Connector("trainer")
+    refusal, cpu = ValueError("Lightning's last check refused the pair"), torch.device("cpu")
+    assert connector.accepts_lightning_refusal(refusal, CPUAccelerator(), OwnSingleDevice(device=cpu)) is True
+    assert connector.accepts_lightning_refusal(refusal, CPUAccelerator(), SingleDeviceStrategy(device=cpu)) is False
+
+
+def test_a_plugin_the_pair_does_not_belong_to_is_not_heard_and_an_owners_false_stands(extra_plugins):
+    extra_plugins("bystander", make_plugin(accept_lightning_refusal=lambda: True))
+    connector = trainer_plugins.Connector("trainer")
+    refusal, cpu = ValueError("Lightning's last check refused the pair"), torch.device("cpu")
+    assert connector.accepts_lightning_refusal(refusal, CPUAccelerator(), SingleDeviceStrategy(device=cpu)) is False
+    extra_plugins("own", refusal_plugin(False))
+    connector = trainer_plugins.Connector("trainer")
+    assert connector.accepts_lightning_refusal(refusal, CPUAccelerator(), OwnSingleDevice(device=cpu)) is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import strategies as st  # noqa: E402
 from lightning.fabric.accelerators.xla import XLAAccelerator as AnyXLAAccelerator  # noqa: E402
 from lightning.pytorch.strategies import SingleDeviceStrategy, SingleDeviceXLAStrategy, XLAStrategy  # noqa: E402
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
+
+import trainer_plugins  # noqa: E402
 
 EXPECTED_ERRORS = (ValueError, TypeError, MisconfigurationException, NotImplementedError, ModuleNotFoundError)
 VALID_HEAVY = 3  # valid values are repeated so that successful builds are explored as often as errors
@@ -36,17 +39,66 @@ FLAGS = {
 }
 
 
-def _squash(text: str) -> str:
-    return text.lower().replace("_", "").replace("-", "").replace(" ", "")
+#: The value of each flag when the user does not pass it.
+DEFAULTS = {"accelerator": "auto", "devices": "auto", "strategy": "auto", "precision": None, "num_nodes": 1}
+#: Lightning's own messages that name the flag but not its value (trainer-plugins passes them on unchanged).
+LIGHTNING_MESSAGES_WITHOUT_THE_VALUE = {
+    "devices": ("`devices` selected with `CPUAccelerator` should be an int > 0.",),  # CPUAccelerator.parse_devices
+}
 
 
-def names_an_offending_flag(message: str, flags: dict) -> bool:
-    tokens = (
-        set(flags)
-        | {name.rstrip("s") for name in flags}
-        | {str(value) for value in flags.values() if value not in ("auto", None)}
-    )
-    return any(_squash(token) in _squash(message) for token in tokens if _squash(token))
+def build(flags: dict) -> BaseException | None:
+    """The error ``L.Trainer(**flags)`` raises, or ``None`` when it builds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            L.Trainer(logger=False, **flags)
+        except EXPECTED_ERRORS as error:
+            return error
+    return None
+
+
+def _outcome(error: BaseException | None) -> tuple[str, str] | None:
+    """An error as type and message, without object addresses (they differ from run to run)."""
+    return None if error is None else (type(error).__name__, re.sub(r" at 0x[0-9a-f]+", "", str(error)))
+
+
+def offending_flags(flags: dict, error: BaseException) -> list[str]:
+    """The flags the error is about: given a value of their own, and without it the error is gone or another one."""
+    return [
+        name
+        for name, value in flags.items()
+        if value != DEFAULTS[name] and _outcome(build({**flags, name: DEFAULTS[name]})) != _outcome(error)
+    ]
+
+
+def written_forms(name: str, value) -> set[str]:
+    """How a message may write a flag's value: as given, as Lightning parses it, or as the class a name selects."""
+    forms = {str(value), repr(value)}
+    if (
+        name == "devices"
+        and isinstance(value, str)
+        and re.fullmatch(r"[\d,\s]*", value)
+        and ("," in value or not value)
+    ):
+        forms.add(repr([int(part) for part in value.split(",") if part.strip()]))  # Lightning's parsing of '0,1'
+    if name in ("accelerator", "strategy") and isinstance(value, str):
+        claim = trainer_plugins.get_catalog().claims.get(name, {}).get(value.lower())
+        path = claim.entry.class_path("trainer") if claim is not None else None
+        if path is not None:
+            forms.add(path.rpartition(":")[2])  # 'cpu' -> CPUAccelerator, 'single_tpu' -> SingleDeviceXLAStrategy
+    return {form for form in forms if form}
+
+
+def names_an_offending_value(message: str, flags: dict, offending: list[str]) -> bool:
+    """Whether ``message`` writes the value of one of the ``offending`` flags (a whole word, any case)."""
+    for name in offending:
+        if message in LIGHTNING_MESSAGES_WITHOUT_THE_VALUE.get(name, ()):
+            return True
+        for form in written_forms(name, flags[name]):
+            if re.search(rf"(?<![\w-]){re.escape(form)}(?![\w-])", message, re.IGNORECASE):
+                return True
+    return False
 
 
 def check_consistent(trainer: L.Trainer, flags: dict) -> None:
@@ -80,7 +132,11 @@ def test_any_flag_combination_gives_consistent_objects_or_an_expected_error(
                 missing = "deepspeed" if "deepspeed" in str(error) else "torch_xla"
                 assert missing in str(error) and (missing == "deepspeed" or not HAS_TORCH_XLA), error
             else:
-                assert names_an_offending_flag(str(error), flags), f"{type(error).__name__}: {error} (flags {flags})"
+                offending = offending_flags(flags, error)
+                assert offending, f"{type(error).__name__}: {error} (flags {flags}): no single flag causes it"
+                assert names_an_offending_value(str(error), flags, offending), (
+                    f"{type(error).__name__}: {error} (flags {flags}) names the value of none of {offending}"
+                )
             event(f"rejected with {type(error).__name__}")
             return
     check_consistent(trainer, flags)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 L = pytest.importorskip("lightning")
@@ -11,7 +13,13 @@ from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDe
 from plugin_helpers import make_plugin  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
-from trainer_plugins import StrategyEntry  # noqa: E402
+import trainer_plugins  # noqa: E402
+from trainer_plugins import Connector, StrategyEntry  # noqa: E402
+
+#: What the explanation says of each step of the rule (``trainer_plugins.explain``, ``trainer-plugins explain``).
+WHITELISTED = "whitelisted distributed strategy"
+OWN_ATTRIBUTE = "the strategy's own is_distributed attribute"
+NEITHER = "not whitelisted and no is_distributed attribute"
 
 
 class HalfOfTwoReplicas(ParallelStrategy):
@@ -70,6 +78,10 @@ class PropertyRaisesAttributeError(HalfOfTwoReplicas):
 
 class SaysMaybe(HalfOfTwoReplicas):
     is_distributed = "maybe"
+
+
+class DDPSaysNotDistributed(DDPStrategy):
+    is_distributed = False  # whitelisted all the same: step 1 comes before the strategy's own answer
 
 
 class CountingModel(L.LightningModule):
@@ -165,3 +177,95 @@ def test_xla_strategies_carry_no_is_distributed_of_their_own():
     from xla_plugins import SingleDeviceXLAStrategy
 
     assert not any("is_distributed" in vars(cls) for cls in SingleDeviceXLAStrategy.__mro__)
+
+
+def decided(strategy, api: str = "trainer") -> tuple[bool, str]:
+    """The connector's answer for ``strategy`` and the step of the rule it names in the explanation."""
+    connector = Connector(api)
+    connector.explain_is_distributed(strategy)
+    (decision,) = [d for d in connector.explanation if d.role == "is_distributed"]
+    answer = connector.is_distributed(strategy)
+    assert decision.choice == repr(answer)
+    return answer, decision.reason
+
+
+@pytest.mark.parametrize(
+    ("strategy_class", "answer", "step"),
+    [
+        (DDPStrategy, True, WHITELISTED),
+        (DDPSaysNotDistributed, True, WHITELISTED),
+        (SaysDistributed, True, OWN_ATTRIBUTE),
+        (SaysNotDistributed, False, OWN_ATTRIBUTE),
+        (MethodSaysNotDistributed, False, OWN_ATTRIBUTE),
+        (HalfOfTwoReplicas, False, NEITHER),
+        (SingleDeviceStrategy, False, NEITHER),
+    ],
+)
+def test_the_three_steps_of_the_rule_answer_in_order(strategy_class, answer, step):
+    strategy = strategy_class.__new__(strategy_class)  # the rule reads the class and the attribute only
+    assert decided(strategy) == (answer, step)
+
+
+def registered_strategies_with_their_own_is_distributed() -> list[tuple[str, str, type]]:
+    """``(name, api, class)`` of every registered strategy whose class or a base defines ``is_distributed``.
+
+    Read from the classes themselves (the XLA plugin's import without torch_xla; their answer needs it).
+    """
+    found = []
+    for name, claim in sorted(trainer_plugins.get_catalog().claims["strategy"].items()):
+        for api in ("trainer", "fabric"):
+            if claim.entry.class_path(api) is None:
+                continue
+            cls = claim.entry.load(api)
+            if any("is_distributed" in vars(base) for base in cls.__mro__):
+                found.append((name, api, cls))
+    return found
+
+
+WITH_THEIR_OWN = registered_strategies_with_their_own_is_distributed()
+#: The registered strategies whose own ``is_distributed`` gives the answer (step 2); every other one
+#: with the attribute is Lightning's DDP family (``DDPStrategy.is_distributed``, deprecated), whitelisted.
+ANSWERING_FOR_THEMSELVES = {"local_sgd", "local_sgd_8", "xla_spmd", "xla_fsdp_v2"}
+
+
+def test_the_strategies_answering_for_themselves_are_the_ones_this_module_tests():
+    whitelisted = {
+        name
+        for name, api, cls in WITH_THEIR_OWN
+        if isinstance(cls.__new__(cls), Connector(api).distributed_strategies())
+    }
+    assert {name for name, _, _ in WITH_THEIR_OWN} - whitelisted == ANSWERING_FOR_THEMSELVES
+    assert {"ddp", "ddp_spawn", "deepspeed"} <= whitelisted
+
+
+@pytest.mark.parametrize(
+    ("name", "api", "cls"),
+    [entry for entry in WITH_THEIR_OWN if entry[0] not in ANSWERING_FOR_THEMSELVES],
+    ids=lambda value: value.__qualname__ if isinstance(value, type) else str(value),
+)
+def test_a_whitelisted_strategy_is_distributed_without_its_own_attribute_being_read(name, api, cls):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert decided(cls.__new__(cls), api) == (True, WHITELISTED)
+    assert [str(w.message) for w in caught] == []  # DDPStrategy.is_distributed warns when read
+
+
+@pytest.mark.parametrize(("devices", "answer"), [(1, False), (2, True)])
+def test_local_sgd_answers_for_itself_by_its_process_count(devices, answer):
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="local_sgd", logger=False)
+    assert (trainer.strategy.is_distributed, trainer._accelerator_connector.is_distributed) == (answer, answer)
+    assert decided(trainer.strategy) == (answer, OWN_ATTRIBUTE)
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("api", ["trainer", "fabric"])
+@pytest.mark.parametrize("name", ["xla_spmd", "xla_fsdp_v2"])
+def test_the_spmd_strategies_answer_for_themselves_by_their_host_count(name, api):
+    from simulated_pod import SLICES, on_host
+
+    cls = trainer_plugins.get_catalog().claims["strategy"][name].entry.load(api)
+    devices = [torch.device("xla", 0), torch.device("xla", 1)]
+    assert decided(cls(parallel_devices=devices), api) == (False, OWN_ATTRIBUTE)  # this host only
+    pod = next(pod for pod in SLICES if pod.hosts > 1)
+    with on_host(pod.host(1)):
+        assert decided(cls(parallel_devices=devices), api) == (True, OWN_ATTRIBUTE)  # one process on each host

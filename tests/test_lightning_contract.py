@@ -48,7 +48,7 @@ def test_a_lightning_outside_the_tested_range_warns_once_is_left_alone_and_refus
     result = run_python(
         """
         import json, warnings
-        import trainer_plugins._install as attaching
+        import trainer_plugins._attach as attaching
         attaching._lightning_version = lambda package: "2.99.0"
         report = {}
         with warnings.catch_warnings(record=True) as caught:

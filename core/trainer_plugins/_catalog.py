@@ -15,16 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from trainer_plugins._entries import _Entry
+from trainer_plugins._errors import USER_ERRORS, PluginError, PluginWarning
+from trainer_plugins._guard import guard
 from trainer_plugins._hookspecs import DECLARATION_HOOKS
-from trainer_plugins._manager import (
-    BUILTIN_PLUGIN,
-    PluginError,
-    PluginManager,
-    PluginRecord,
-    PluginWarning,
-    get_plugin_manager,
-    on_reset,
-)
+from trainer_plugins._manager import PluginManager
+from trainer_plugins._records import BUILTIN_PLUGIN, PluginRecord
+from trainer_plugins._singleton import get_plugin_manager, on_reset
 from trainer_plugins._standalone import PACKAGES
 
 
@@ -60,6 +56,35 @@ class Claim:
     def live(self) -> bool:
         """Whether the claiming plugin is loaded (a quarantined plugin's claims take no effect)."""
         return self.plugin.state == "loaded"
+
+    def load(self, api: str, package: str) -> Any:
+        """The class of this claim for ``api`` and Lightning ``package``, imported under its plugin's guard.
+
+        Raises:
+            ModuleNotFoundError: a module the class needs is not installed (a missing runtime); the
+                message names the plugin and its distribution.
+            PluginError: the class cannot be imported otherwise or is not of its role's Lightning
+                base class; the message names the plugin and its distribution.
+        """
+        action = f"loading {self.entry.role} class {self.entry.class_path(api)}"
+        return guard(self.plugin, action, self.entry.load, api, package, passthrough=(ModuleNotFoundError,))
+
+    def build(self, api: str, package: str, **kwargs: Any) -> Any:
+        """An instance of this claim's class (:meth:`load`), built with the entry's ``init_kwargs`` and ``kwargs``.
+
+        Raises:
+            ValueError, TypeError, NotImplementedError, ModuleNotFoundError: the constructor rejected
+                the run (a bad setting, a missing runtime); passed on unchanged, like a decision
+                hook's (a note in the traceback names the plugin).
+            Exception: anything else the constructor raised, of the same type, with the plugin and
+                its distribution named in front of the message.
+            PluginError: the constructor raised something else (``SystemExit``, ...).
+        """
+        cls = self.load(api, package)
+        arguments = {**getattr(self.entry, "init_kwargs", {}), **kwargs}
+        return guard(
+            self.plugin, f"{cls.__qualname__}()", cls, passthrough=(Exception,), unchanged=USER_ERRORS, **arguments
+        )
 
 
 @dataclass
@@ -210,6 +235,19 @@ class Catalog:
         """The registered name of ``obj``'s own class, if exactly one entry names that class."""
         names = {claim.entry.name for claim in self._claims_by_class(role, api).get(type(obj), [])}
         return names.pop() if len(names) == 1 else None
+
+    def auto_candidates(self, api: str) -> list[tuple[int, str, Claim]]:
+        """``(priority, name, claim)`` of each loaded accelerator ``"auto"`` may pick for ``api``, best first.
+
+        An accelerator is a candidate under its main name when its entry has an ``auto_priority``.
+        """
+        candidates = []
+        for name, claim in self.claims.get("accelerator", {}).items():
+            priority = getattr(claim.entry, "auto_priority", None)
+            usable = claim.live and claim.entry.class_path(api) is not None
+            if name == claim.entry.name and priority is not None and usable:
+                candidates.append((priority, name, claim))
+        return sorted(candidates, key=lambda candidate: -candidate[0])
 
     def quarantine_note(self) -> str:
         """A sentence naming the quarantined plugins with their errors ('' if none), for error messages."""

@@ -11,7 +11,8 @@ from typing import Any, Optional
 
 from trainer_plugins._catalog import Catalog, get_catalog
 from trainer_plugins._controls import ControlError, Controls
-from trainer_plugins._manager import Run, describe_changes
+from trainer_plugins._isolation import describe_changes
+from trainer_plugins._records import Run
 
 
 def plugin_listing(catalog: Catalog) -> dict[str, Any]:
@@ -90,15 +91,15 @@ def _print_listing(listing: dict[str, Any]) -> None:
 
 def _availability(catalog: Catalog) -> dict[str, str]:
     """Each plugin accelerator ``"auto"`` may pick -> ``"available"``, ``"not available"`` or why its probe failed."""
-    from trainer_plugins._connector import Connector
+    from trainer_plugins._availability import accelerator_available
 
-    connector = Connector("trainer", catalog)
+    run, timeout = Run(), catalog.manager.controls.probe_timeout
     found = {}
-    for _, name, claim in connector._auto_candidates():
+    for _, name, claim in catalog.auto_candidates("trainer"):
         if claim.builtin:  # Lightning's own (probing its XLA accelerator would import torch_xla)
             continue
-        available = connector._available(name, claim)
-        problem = connector.run.unavailable.get(claim.plugin.name)
+        available = accelerator_available(catalog.manager, run, name, claim, "trainer", "lightning", timeout)
+        problem = run.unavailable.get(claim.plugin.name)
         found[name] = "available" if available else f"not available: {problem}" if problem else "not available"
     return found
 

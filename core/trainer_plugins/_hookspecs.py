@@ -34,7 +34,11 @@ PROJECT_NAME = "trainer_plugins"
 
 #: Version of this hook specification. Plugins declare which versions they support with a
 #: module attribute ``TRAINER_PLUGINS_API`` holding a PEP 440 specifier such as ``">=1.0,<2"``.
-HOOKSPEC_VERSION = "1.0"
+#: Compatibility: an added hook or an added optional argument raises the minor version (a plugin
+#: written for ``1.0`` works unchanged; one using the addition declares ``>=1.1``); a removed or
+#: changed hook, argument or answer raises the major version. 1.1 added
+#: :func:`trainer_plugins_accept_lightning_refusal`.
+HOOKSPEC_VERSION = "1.1"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -132,6 +136,33 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
     Called for every plugin once the strategy exists. Raise ``ValueError`` (wrong pairing) or
     ``NotImplementedError`` (pairing known but unsupported) with a message naming the strategy and
     the valid choices; return ``None`` otherwise.
+    """
+
+
+@hookspec
+def trainer_plugins_accept_lightning_refusal(
+    error: ValueError, accelerator: Any, strategy: Any, api: str
+) -> Optional[bool]:
+    """Accept Lightning's refusal of a pairing of your accelerator or strategy that is known to work (API 1.1).
+
+    Lightning's connector ends (the last statement of ``_lazy_init_strategy``, Lightning 2.5 and
+    2.6) by checking the accelerator/strategy pair against a fixed list of its own strategy
+    classes, and raises ``ValueError`` for any other class, a plugin's included: for example it
+    accepts only its own XLA strategy classes on an ``XLAAccelerator``. Called with that error,
+    once the pair has passed every plugin's :func:`trainer_plugins_validate`.
+
+    Args:
+        error: the ``ValueError`` Lightning raised.
+        accelerator: the Lightning ``Accelerator`` instance of the run.
+        strategy: the Lightning ``Strategy`` instance of the run.
+        api: ``"trainer"`` or ``"fabric"``.
+
+    Returns:
+        ``True`` to accept the run as built (the error is dropped), ``False`` to let it reach the
+        user, ``None`` when the error or the objects are not yours. Only the answers of the plugins
+        the accelerator or the strategy belong to count: the run goes on when one of them says
+        ``True`` and none says ``False``. Accept only the refusal of Lightning's last check, as
+        what follows the statement that raised is skipped.
     """
 
 

@@ -26,8 +26,10 @@ from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import BatchSampler
 
-from trainer_plugins._connector import LIGHTNING_RULE, Connector
-from trainer_plugins._manager import BUILTIN_PLUGIN
+from trainer_plugins._connector import Connector
+from trainer_plugins._explanation import LIGHTNING_RULE
+from trainer_plugins._names import canonical, check_name, extend_name_error, plugin_claim, valid_names
+from trainer_plugins._records import BUILTIN_PLUGIN
 from trainer_plugins._standalone import package_of_module
 from trainer_plugins._versions import warn_unsupported_versions
 
@@ -47,8 +49,6 @@ class _PluginConnectorMixin:
     _accelerator_names_attr: ClassVar[str]  # Lightning's list of valid accelerator names
     _precision_attr: ClassVar[str]  # Lightning's normalised precision string
     _precision_instance_attr: ClassVar[str]  # a Precision instance given through `plugins=`
-    #: How Lightning's last check, refusing XLA strategies other than its own, begins.
-    _LIGHTNING_XLA_REFUSAL: ClassVar[str] = "The `XLAAccelerator` can only be used with"
 
     plugin_connector: Connector
     accelerator: Any
@@ -65,19 +65,22 @@ class _PluginConnectorMixin:
         self, strategy: Any, accelerator: Any, precision: Any, plugins: Any, **kwargs: Any
     ) -> None:
         connector = self.plugin_connector = Connector(self._api, package=PACKAGE)
+        catalog, api = connector.catalog, self._api
         lightning_accelerators = getattr(self, self._accelerator_names_attr)
         lightning_strategies = self._registered_strategies
-        connector.check_name("strategy", strategy, list(lightning_strategies))
-        connector.check_name("accelerator", accelerator, list(lightning_accelerators))
+        check_name(catalog, api, "strategy", strategy, list(lightning_strategies))
+        check_name(catalog, api, "accelerator", accelerator, list(lightning_accelerators))
         self._precision_as_given = precision
         # Lightning validates names against these lists (and words its own errors); plugin names pass
         # for the duration of the check only, as Lightning's later messages look names up in its registry.
-        setattr(self, self._accelerator_names_attr, connector.valid_names("accelerator", list(lightning_accelerators)))
-        self._registered_strategies = connector.valid_names("strategy", list(lightning_strategies))
+        setattr(
+            self, self._accelerator_names_attr, valid_names(catalog, api, "accelerator", list(lightning_accelerators))
+        )
+        self._registered_strategies = valid_names(catalog, api, "strategy", list(lightning_strategies))
         try:
             super()._check_config_and_set_final_flags(  # type: ignore[misc]
-                strategy=connector.canonical("strategy", strategy),
-                accelerator=connector.canonical("accelerator", accelerator),
+                strategy=canonical(catalog, "strategy", strategy),
+                accelerator=canonical(catalog, "accelerator", accelerator),
                 precision=precision,
                 plugins=plugins,
                 **kwargs,
@@ -86,7 +89,7 @@ class _PluginConnectorMixin:
             text = str(error)
             for role, names in (("strategy", lightning_strategies), ("accelerator", lightning_accelerators)):
                 if text.startswith(f"You selected an invalid {role} name"):
-                    raise ValueError(connector.extend_name_error(role, text, list(names))) from None
+                    raise ValueError(extend_name_error(catalog, api, role, text, list(names))) from None
             raise
         finally:
             setattr(self, self._accelerator_names_attr, lightning_accelerators)
@@ -97,7 +100,7 @@ class _PluginConnectorMixin:
 
     def _set_parallel_devices_and_init_accelerator(self) -> None:
         self._devices_as_given = self._devices_flag  # Lightning parses it in place below
-        claim = self.plugin_connector.plugin_claim("accelerator", self._accelerator_flag)
+        claim = plugin_claim(self.plugin_connector.catalog, "accelerator", self._accelerator_flag)
         given = self._accelerator_flag
         if claim is not None:
             self._accelerator_flag = self.plugin_connector.make_accelerator(claim)
@@ -154,8 +157,8 @@ class _PluginConnectorMixin:
         try:
             super()._lazy_init_strategy()  # type: ignore[misc]
         except ValueError as error:
-            refusal = str(error).startswith(self._LIGHTNING_XLA_REFUSAL)
-            if not (refusal and self._lightning_refused_a_plugin_xla_strategy()):
+            # Lightning's last check refuses strategy classes it does not know; their plugin may accept
+            if not self.plugin_connector.accepts_lightning_refusal(error, self.accelerator, self.strategy):
                 raise
         self.plugin_connector.explain_is_distributed(self.strategy)
         explanation = self.plugin_connector.explanation
@@ -163,18 +166,6 @@ class _PluginConnectorMixin:
         if line is not None:
             rank_zero_info(line)
         _log_table(explanation)
-
-    def _lightning_refused_a_plugin_xla_strategy(self) -> bool:
-        """Whether Lightning's last check refused a plugin's strategy on an XLA accelerator.
-
-        Lightning's connector ends by accepting only its own XLA strategy classes on an XLA
-        accelerator. A plugin's strategy has passed the plugins' ``trainer_plugins_validate`` by then
-        (in ``_init_strategy``), and the check is the last statement, so the run is fully wired.
-        """
-        from lightning.fabric.accelerators.xla import XLAAccelerator
-
-        owner = self.plugin_connector.catalog.owner_of(self.strategy, "strategy", self._api)
-        return isinstance(self.accelerator, XLAAccelerator) and owner is not None and not owner.builtin
 
     @property
     def is_distributed(self) -> bool:

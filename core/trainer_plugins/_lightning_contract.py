@@ -1,11 +1,11 @@
 """The contract with Lightning's internals: every private Lightning name trainer-plugins relies on.
 
 ``trainer_plugins._lightning`` subclasses three private Lightning classes, overrides some of their
-private methods and reads private attributes they set; ``trainer_plugins._install`` replaces the
+private methods and reads private attributes they set; ``trainer_plugins._attach`` replaces the
 names ``trainer.py``/``fabric.py`` build connectors from. Public names are not listed. If a Lightning
 release renames one of these, :func:`contract_violations` names it (``tests/test_lightning_contract.py``
 runs it on every Lightning version of the tox matrix), and a Lightning version outside the tested
-range is not attached to at all (see ``trainer_plugins._install.unsupported``).
+range is not attached to at all (see ``trainer_plugins._attach.unsupported``).
 
 Nothing here imports Lightning until :func:`contract_violations` is called.
 """

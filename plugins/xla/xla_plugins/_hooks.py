@@ -18,7 +18,7 @@ from trainer_plugins import (
     resolve_in,
 )
 
-TRAINER_PLUGINS_API = ">=1.0,<2"
+TRAINER_PLUGINS_API = ">=1.1,<2"
 
 _PKG = "xla_plugins"
 #: Names of the XLA accelerator; ``"tpu"`` is Lightning's name, kept so existing scripts run unchanged.
@@ -216,6 +216,26 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
                 f" PJRT {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"
                 " collectives without a channel id. Use strategy='xla_spmd' (or strategy='auto') for several devices."
             )
+
+
+#: How Lightning's last connector check (``_lazy_init_strategy``, Trainer and Fabric, Lightning 2.5 and 2.6)
+#: words its refusal of an XLA accelerator with a strategy class other than Lightning's own XLA ones.
+LIGHTNING_XLA_REFUSAL = "The `XLAAccelerator` can only be used with"
+
+
+@hookimpl
+def trainer_plugins_accept_lightning_refusal(
+    error: ValueError, accelerator: Any, strategy: Any, api: str
+) -> Optional[bool]:
+    """Accept Lightning's refusal of an XLA strategy of this plugin (``xla_spmd``, ``xla_fsdp_v2``) on XLA.
+
+    Lightning accepts only its own XLA strategy classes on an ``XLAAccelerator``; the SPMD strategies
+    subclass Lightning's ``ParallelStrategy`` instead, and by now passed
+    :func:`trainer_plugins_validate`. ``None`` for any other refusal or pairing.
+    """
+    if not (str(error).startswith(LIGHTNING_XLA_REFUSAL) and _is_xla_accelerator(accelerator)):
+        return None
+    return isinstance(strategy, _xla_strategies(api, package_of(accelerator)).every)
 
 
 @hookimpl

@@ -1,0 +1,159 @@
+"""Attaching to and detaching from the imported ``lightning.Trainer`` and ``lightning.Fabric`` modules.
+
+The start-up hook (``_trainer_plugins_autoload``) calls :func:`attach` when a Lightning package has
+finished importing; :func:`trainer_plugins.install` does the same from code. This module imports
+neither of them (they import it), so the start-up hook and the code API form no import circle.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: The module serving each Lightning packaging: ours, and its twin built on the standalone packages.
+ADAPTERS = {
+    "lightning": "trainer_plugins._lightning",
+    "pytorch_lightning": "trainer_plugins._standalone.trainer_plugins._lightning",
+}
+#: (packaging, Lightning module, the class name it builds a connector from, our replacement in the adapter).
+TARGETS = (
+    ("lightning", "lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
+    ("lightning", "lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
+    ("lightning", "lightning.fabric.fabric", "_Connector", "FabricConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
+    ("pytorch_lightning", "lightning_fabric.fabric", "_Connector", "FabricConnector"),
+)
+_originals: dict[tuple[str, str], Any] = {}
+
+
+def _connector_factory(package: str, class_name: str) -> Callable[..., Any]:
+    """A stand-in for Lightning's connector class that builds ours, importing it on first use."""
+
+    def build_connector(*args: Any, **kwargs: Any) -> Any:
+        from importlib import import_module
+
+        return getattr(import_module(ADAPTERS[package]), class_name)(*args, **kwargs)
+
+    build_connector.trainer_plugins_connector = class_name  # type: ignore[attr-defined]
+    return build_connector
+
+
+#: The distribution of each Lightning packaging (its version decides whether we attach).
+DISTRIBUTIONS = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"}
+_warned: set[str] = set()
+
+
+def _lightning_version(package: str) -> str | None:
+    """The installed version of Lightning ``package`` (from metadata), or ``None``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTIONS[package])
+    except PackageNotFoundError:
+        return None
+
+
+def unsupported(package: str) -> str | None:
+    """Why trainer-plugins cannot attach to the installed Lightning ``package``, or ``None`` when it can.
+
+    The tested range is trainer-plugins' own requirement on ``lightning`` (its ``pyproject.toml``); the
+    private names it relies on (``trainer_plugins._lightning_contract``) are checked in that range.
+    """
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    installed = _lightning_version(package)
+    try:
+        declared = [Requirement(line) for line in requires("trainer-plugins") or []]
+    except PackageNotFoundError:
+        return None
+    for requirement in declared:
+        if requirement.name == "lightning" and installed is not None:
+            if not requirement.specifier.contains(installed, prereleases=True):
+                return (
+                    f"trainer-plugins is tested with {DISTRIBUTIONS[package]}{requirement.specifier}, but"
+                    f" {DISTRIBUTIONS[package]} {installed} is installed"
+                )
+    return None
+
+
+def _gate_factory(package: str, original: Callable[..., Any], problem: str) -> Callable[..., Any]:
+    """Lightning's own connector class, with an error that says why a plugin's name is unknown to it."""
+
+    def build_connector(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except ValueError as error:
+            for role in ("strategy", "accelerator"):
+                flag = kwargs.get(role)
+                if isinstance(flag, str) and str(error).startswith(f"You selected an invalid {role} name"):
+                    from trainer_plugins import get_catalog
+
+                    claim = get_catalog().find(role, flag.lower())
+                    if claim is not None and not claim.builtin:
+                        raise ValueError(
+                            f"{error} The {role} {flag!r} comes from plugin {claim.plugin.label}, which cannot attach"
+                            f" to this Lightning version: {problem}."
+                        ) from error
+            raise
+
+    build_connector.trainer_plugins_connector = None  # type: ignore[attr-defined]  # ours, but not plugin-aware
+    return build_connector
+
+
+def attach() -> None:
+    """Point the imported Lightning Trainer/Fabric modules at the plugin-aware connectors (idempotent).
+
+    A Lightning version outside the tested range is left alone: one ``RuntimeWarning`` says so, and
+    selecting a plugin's name fails with Lightning's error plus the reason.
+    """
+    for package, module_name, attribute, class_name in TARGETS:
+        module = sys.modules.get(module_name)
+        original = getattr(module, attribute, None)
+        if original is None or _is_ours(original):  # not imported, still importing, or attached
+            continue
+        problem = unsupported(package)
+        if problem is None:
+            replacement = _connector_factory(package, class_name)
+        elif class_name == "TrainerDataConnector":
+            continue
+        else:
+            replacement = _gate_factory(package, original, problem)
+            if package not in _warned:
+                _warned.add(package)
+                import warnings
+
+                warnings.warn(
+                    f"{problem}: trainer-plugins leaves {package} alone, so no plugin is used. Install a tested"
+                    " version to use the plugins.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        _originals[(module_name, attribute)] = original
+        setattr(module, attribute, replacement)
+
+
+def detach() -> None:
+    """Give the Lightning modules back their own connector classes."""
+    for (module_name, attribute), original in list(_originals.items()):
+        setattr(sys.modules[module_name], attribute, original)
+        del _originals[(module_name, attribute)]
+
+
+def attached() -> bool:
+    """Whether every imported Lightning module of :data:`TARGETS` builds the plugin-aware connectors.
+
+    ``False`` while no Lightning Trainer or Fabric module is imported.
+    """
+    imported = [(name, attribute) for _, name, attribute, _ in TARGETS if name in sys.modules]
+    return bool(imported) and all(
+        getattr(getattr(sys.modules[name], attribute, None), "trainer_plugins_connector", None) is not None
+        for name, attribute in imported
+    )
+
+
+def _is_ours(obj: object) -> bool:
+    return hasattr(obj, "trainer_plugins_connector")
