@@ -62,20 +62,33 @@ def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
     return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
+def interleaved(labels: list[str], rounds: int, measure: Callable[[str], dict]) -> dict[str, list[dict]]:
+    """``{label: [figures of each round]}``: ``measure(label)`` for every label once a round.
+
+    The order is rotated by one label each round, so that a change in the machine's load hits
+    every label alike; each figures dict gets its ``"round"`` (0-based) and is echoed to stderr.
+    """
+    results: dict[str, list[dict]] = {label: [] for label in labels}
+    for round_index in range(rounds):
+        for label in labels[round_index % len(labels) :] + labels[: round_index % len(labels)]:
+            figures = measure(label)
+            figures["round"] = round_index
+            results[label].append(figures)
+            print(f"round {round_index + 1} {label}: {json.dumps(figures)}", file=sys.stderr)
+    return results
+
+
 def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[str, list[dict]]]:
     """``{model: {mode: [figures of each round]}}``, rounds interleaved, the order rotated each round."""
-    results: dict[str, dict[str, list[dict]]] = {model: {mode: [] for mode in MODES} for model in models}
-    labels = list(MODES)
-    for round_index in range(rounds):
-        order = labels[round_index % len(labels) :] + labels[: round_index % len(labels)]
-        for model in models:
-            for label in order:
-                mode, env = MODES[label]
-                figures = run("throughput.py", "--mode", mode, "--model", model, "--epochs", str(epochs), env=env)
-                figures["round"] = round_index
-                results[model][label].append(figures)
-                print(f"round {round_index + 1} {model} {label}: {json.dumps(figures)}", file=sys.stderr)
-    return results
+    labels = [f"{model} {mode}" for model in models for mode in MODES]
+
+    def measure(label: str) -> dict:
+        model, mode_label = label.split(" ")
+        mode, env = MODES[mode_label]
+        return run("throughput.py", "--mode", mode, "--model", model, "--epochs", str(epochs), env=env)
+
+    flat = interleaved(labels, rounds, measure)
+    return {model: {mode: flat[f"{model} {mode}"] for mode in MODES} for model in models}
 
 
 def by_round(runs: list[dict]) -> dict[int, float]:
