@@ -1,4 +1,4 @@
-"""The GPT workload of examples/gpt_stdlib.py on PJRT CPU: a raw torch_xla loop, the plugin's Trainer, Lightning's own XLA classes.
+"""The GPT workload of examples/gpt_stdlib.py on PJRT CPU: raw torch_xla loop, plugin Trainer, Lightning's XLA classes.
 
     python benchmarks/gpt.py [--rounds 3] [--epochs 3] [--steps 10]     # every run below, interleaved rounds
     python benchmarks/gpt.py --mode raw|plugin|lightning --strategy single_xla|xla_spmd|xla_fsdp_v2 [--scan-layers]
@@ -108,7 +108,7 @@ def run_raw(strategy: str, config: GPTConfig, epochs: int, steps: int, meter: th
     losses = []
     for _ in range(epochs):
         meter.start_epoch()
-        for step, (x, y) in zip(range(steps), data.train_dataloader()):
+        for step, (x, y) in zip(range(steps), data.train_dataloader(), strict=False):
             x, y = x.to(device), y.to(device)
             if strategy != "single_xla":
                 xs.mark_sharding(x, mesh, (axis, None))
@@ -223,7 +223,9 @@ def table(results: dict[str, list[dict]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("raw", "plugin", "lightning"), help="one run (default: every run, in rounds)")
+    parser.add_argument(
+        "--mode", choices=("raw", "plugin", "lightning"), help="one run (default: every run, in rounds)"
+    )
     parser.add_argument("--strategy", choices=sorted(DEVICES), default="single_xla")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3, help="epochs a run; the first is left out (compilation)")

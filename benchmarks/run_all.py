@@ -45,14 +45,18 @@ def baseline(label: str) -> str:
     return "raw-cpu" if label.endswith("-cpu") else "raw"
 
 
-def run(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+def run(script: str, *args: str, env: dict[str, str] | None = None, keep_stderr: bool = False) -> dict:
+    """The JSON that ``script`` (a benchmark of this folder) prints last, or ``{"error": its last stderr line}``.
+
+    ``keep_stderr``: add the whole of its stderr as ``"stderr"``.
+    """
     environ = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), **(env or {})}
     result = subprocess.run([sys.executable, str(HERE / script), *args], env=environ, capture_output=True, text=True)
+    kept = {"stderr": result.stderr} if keep_stderr else {}
     if result.returncode != 0:
-        return {
-            "error": result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
-        }
-    return json.loads(result.stdout.splitlines()[-1])
+        last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
+        return {"error": last, **kept}
+    return {**json.loads(result.stdout.splitlines()[-1]), **kept}
 
 
 def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
@@ -91,23 +95,26 @@ def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[st
     return {model: {mode: flat[f"{model} {mode}"] for mode in MODES} for model in models}
 
 
-def by_round(runs: list[dict]) -> dict[int, float]:
-    """Steps/s of each good run of ``runs``, by its round."""
-    return {f["round"]: f["steps_per_s"] for f in runs if "error" not in f}
+def by_round(runs: list[dict], key: str = "steps_per_s") -> dict[int, float]:
+    """The figure ``key`` (default steps/s) of each good run of ``runs``, by its round."""
+    return {f["round"]: f[key] for f in runs if "error" not in f}
 
 
-def within_round(runs: list[dict], baselines: list[dict], compare: Callable[[float, float], float]) -> list[float]:
-    """``compare(steps/s of a run, steps/s of the baselines run of its round)`` for each run of ``runs``.
+def within_round(
+    runs: list[dict], baselines: list[dict], compare: Callable[[float, float], float], key: str = "steps_per_s"
+) -> list[float]:
+    """``compare(figure of a run, figure of the baselines run of its round)`` for each run of ``runs``.
 
-    Failed runs, and runs whose round has no good baseline run, are left out.
+    The figure is ``key`` (default steps/s). Failed runs, and runs whose round has no good baseline
+    run, are left out.
     """
-    base = by_round(baselines)
-    return [compare(steps, base[r]) for r, steps in by_round(runs).items() if r in base]
+    base = by_round(baselines, key)
+    return [compare(value, base[r]) for r, value in by_round(runs, key).items() if r in base]
 
 
-def within_round_ratios(runs: list[dict], baselines: list[dict]) -> list[float]:
-    """Steps/s of each run of ``runs`` over that of the ``baselines`` run of its round."""
-    return within_round(runs, baselines, lambda run, base: run / base)
+def within_round_ratios(runs: list[dict], baselines: list[dict], key: str = "steps_per_s") -> list[float]:
+    """The figure ``key`` (default steps/s) of each run of ``runs`` over that of the ``baselines`` run of its round."""
+    return within_round(runs, baselines, lambda run, base: run / base, key)
 
 
 def within_round_added_ms(runs: list[dict], baselines: list[dict]) -> list[float]:

@@ -84,8 +84,8 @@ def stdlib_bytes(root: Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     splits: dict[bool, list[bytes]] = {False: [], True: []}
     for path in stdlib_sources(root):
         splits[is_validation(path.relative_to(root).as_posix())].append(path.read_bytes())
-    train, val = (torch.frombuffer(bytearray(b"".join(splits[held_out])), dtype=torch.uint8) for held_out in (False, True))
-    return train, val
+    train, val = (bytearray(b"".join(splits[held_out])) for held_out in (False, True))
+    return torch.frombuffer(train, dtype=torch.uint8), torch.frombuffer(val, dtype=torch.uint8)
 
 
 class ByteWindows(Dataset):
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = GPTConfig()
     parser.add_argument("--accelerator", default="tpu", help="Trainer(accelerator=...) (default: %(default)s)")
-    parser.add_argument("--strategy", default="auto", help="single_xla, xla_spmd, xla_fsdp_v2, ... (default: %(default)s)")
+    parser.add_argument("--strategy", default="auto", help="single_xla, xla_spmd, xla_fsdp_v2, ... (%(default)s)")
     parser.add_argument("--devices", default="1", help="Trainer(devices=...) (default: %(default)s)")
     parser.add_argument("--precision", default="32-true", help="Trainer(precision=...) (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default: %(default)s)")
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW's learning rate (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--prompt", default="def ", help="start of the generated sample (default: %(default)r)")
-    parser.add_argument("--sample-bytes", type=int, default=200, help="bytes generated (0: none) (default: %(default)s)")
+    parser.add_argument("--sample-bytes", type=int, default=200, help="bytes generated, 0 for none (%(default)s)")
     args = parser.parse_args(argv)
 
     L.seed_everything(args.seed, verbose=False)
