@@ -221,6 +221,29 @@ def table(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def report(rounds: int, epochs: int = 3, steps: int = 10, n_layer: int = 4, scan_layers: bool = False) -> list[str]:
+    """Every run of :data:`RUNS` in ``rounds`` interleaved rounds, each its own process: the lines to print."""
+
+    def one(label: str) -> dict:
+        strategy, mode = label.split(" ")
+        options = ["--epochs", str(epochs), "--steps", str(steps), "--n-layer", str(n_layer)]
+        options += ["--scan-layers"] if scan_layers else []
+        figures = run("gpt.py", "--mode", mode, "--strategy", strategy, *options, env=child_env(strategy))
+        figures.pop("losses", None)
+        return figures
+
+    results = interleaved([f"{strategy} {mode}" for strategy, mode in RUNS], rounds, one)
+    ratio = within_round_ratios(results["single_xla plugin"], results["single_xla lightning"])
+    return [
+        f"GPT on the standard library's bytes ({n_layer} layers{', scan_layers' if scan_layers else ''}): median"
+        f" [min-max] of {rounds} interleaved rounds; {steps} steps an epoch, steady state = epochs 2-{epochs};"
+        f" global batch {GLOBAL_BATCH} x {GPTConfig.block_size} bytes.",
+        *table(results),
+        "",
+        f"`plugin` / `lightning` on single_xla within each round: {spread(ratio, 2, 'x')}",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -243,26 +266,7 @@ def main() -> None:
         print(json.dumps(measure(args.mode, args.strategy, config, args.epochs, args.steps, args.cache)))
         return
 
-    def one(label: str) -> dict:
-        strategy, mode = label.split(" ")
-        options = ["--epochs", str(args.epochs), "--steps", str(args.steps), "--n-layer", str(args.n_layer)]
-        options += ["--scan-layers"] if args.scan_layers else []
-        figures = run("gpt.py", "--mode", mode, "--strategy", strategy, *options, env=child_env(strategy))
-        figures.pop("losses", None)
-        return figures
-
-    results = interleaved([f"{strategy} {mode}" for strategy, mode in RUNS], args.rounds, one)
-    print(
-        f"GPT on the standard library's bytes: median [min-max] of {args.rounds} interleaved rounds;"
-        f" {args.steps} steps an epoch, steady state = epochs 2-{args.epochs}; global batch {GLOBAL_BATCH}"
-        f" x {config.block_size} bytes."
-    )
-    print("\n".join(table(results)))
-    print()
-    print(
-        "`plugin` / `lightning` on single_xla within each round:"
-        f" {spread(within_round_ratios(results['single_xla plugin'], results['single_xla lightning']), 2, 'x')}"
-    )
+    print("\n".join(report(args.rounds, args.epochs, args.steps, args.n_layer, args.scan_layers)))
 
 
 if __name__ == "__main__":

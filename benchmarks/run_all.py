@@ -1,6 +1,6 @@
 """Run every benchmark of docs/performance.md in one go and print the figures with their spread.
 
-    tox -e bench                      # or: python benchmarks/run_all.py [--rounds 3] [--epochs 12] [--skip-multidevice]
+    tox -e bench        # or: python benchmarks/run_all.py [--rounds 3] [--epochs 12] [--skip-multidevice] [--skip-gpt]
 
 Throughput, compilations, transfers, time to first step and peak memory come from
 benchmarks/throughput.py, one process per mode, model and round. Rounds are interleaved (every
@@ -10,7 +10,8 @@ on the same device, and between two Trainer modes) and each difference in millis
 taken within a round before its median is taken. The ``*-cpu`` modes run the raw loop and the
 Trainer on torch's CPU device: what Lightning's loop costs where neither XLA nor a plugin is
 involved. Each run trains ``--epochs`` epochs of 64 steps and leaves the first out. Start-up costs
-come from benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py; the step's
+come from benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py, the real
+model's (a GPT on the standard library's bytes) from benchmarks/gpt.py; the step's
 counts and phases (docs/performance.md) from benchmarks/step_counts.py and benchmarks/step_phases.py,
 run on their own.
 """
@@ -199,6 +200,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12, help="epochs a run; the first is left out (compilation)")
     parser.add_argument("--skip-multidevice", action="store_true")
     parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--skip-gpt", action="store_true", help="leave out benchmarks/gpt.py's real model")
     args = parser.parse_args()
 
     results = throughput(args.models.split(","), args.rounds, args.epochs)
@@ -222,6 +224,11 @@ def main() -> None:
                     if "error" not in result:
                         figures[strategy].append(result["samples_per_s"])
             print(f"| {devices} | {spread(figures['xla'], 0)} | {spread(figures['xla_spmd'], 0)} |")
+        print()
+    if not args.skip_gpt:
+        import gpt  # imports this module: not at the top
+
+        print("\n".join(gpt.report(args.rounds)))
         print()
     if args.skip_startup:
         return

@@ -47,7 +47,7 @@ def test_the_sources_are_the_standard_librarys_py_files_sorted_without_third_par
 
 def test_the_split_is_by_file_and_the_bytes_are_the_files_joined(tmp_path):
     # a standard-library folder of our own: the split and the joining are checked on known bytes
-    names = [f"m{i:02}.py" for i in range(40)] + ["pkg/sub.py", "site-packages/third.py", "notes.txt"]
+    names = [f"lib{i % 4}/m{i:02}.py" for i in range(40)] + ["top.py", "site-packages/third.py", "notes.txt"]
     for name in names:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(f"# {name}\n".encode())
