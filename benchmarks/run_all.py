@@ -1,6 +1,6 @@
 """Run every benchmark of docs/performance.md in one go and print the figures with their spread.
 
-    tox -e bench                      # or: python benchmarks/run_all.py [--rounds 3] [--epochs 12] [--skip-multidevice]
+    tox -e bench        # or: python benchmarks/run_all.py [--rounds 3] [--epochs 12] [--skip-multidevice] [--skip-gpt]
 
 Throughput, compilations, transfers, time to first step and peak memory come from
 benchmarks/throughput.py, one process per mode, model and round. Rounds are interleaved (every
@@ -10,7 +10,8 @@ on the same device, and between two Trainer modes) and each difference in millis
 taken within a round before its median is taken. The ``*-cpu`` modes run the raw loop and the
 Trainer on torch's CPU device: what Lightning's loop costs where neither XLA nor a plugin is
 involved. Each run trains ``--epochs`` epochs of 64 steps and leaves the first out. Start-up costs
-come from benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py; the step's
+come from benchmarks/startup.py, multi-device throughput from benchmarks/multidevice.py, the real
+model's (a GPT on the standard library's bytes) from benchmarks/gpt.py; the step's
 counts and phases (docs/performance.md) from benchmarks/step_counts.py and benchmarks/step_phases.py,
 run on their own.
 """
@@ -45,14 +46,18 @@ def baseline(label: str) -> str:
     return "raw-cpu" if label.endswith("-cpu") else "raw"
 
 
-def run(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+def run(script: str, *args: str, env: dict[str, str] | None = None, keep_stderr: bool = False) -> dict:
+    """The JSON that ``script`` (a benchmark of this folder) prints last, or ``{"error": its last stderr line}``.
+
+    ``keep_stderr``: add the whole of its stderr as ``"stderr"``.
+    """
     environ = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), **(env or {})}
     result = subprocess.run([sys.executable, str(HERE / script), *args], env=environ, capture_output=True, text=True)
+    kept = {"stderr": result.stderr} if keep_stderr else {}
     if result.returncode != 0:
-        return {
-            "error": result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
-        }
-    return json.loads(result.stdout.splitlines()[-1])
+        last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
+        return {"error": last, **kept}
+    return {**json.loads(result.stdout.splitlines()[-1]), **kept}
 
 
 def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
@@ -62,39 +67,55 @@ def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
     return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
-def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[str, list[dict]]]:
-    """``{model: {mode: [figures of each round]}}``, rounds interleaved, the order rotated each round."""
-    results: dict[str, dict[str, list[dict]]] = {model: {mode: [] for mode in MODES} for model in models}
-    labels = list(MODES)
+def interleaved(labels: list[str], rounds: int, measure: Callable[[str], dict]) -> dict[str, list[dict]]:
+    """``{label: [figures of each round]}``: ``measure(label)`` for every label once a round.
+
+    The order is rotated by one label each round, so that a change in the machine's load hits
+    every label alike; each figures dict gets its ``"round"`` (0-based) and is echoed to stderr.
+    """
+    results: dict[str, list[dict]] = {label: [] for label in labels}
     for round_index in range(rounds):
-        order = labels[round_index % len(labels) :] + labels[: round_index % len(labels)]
-        for model in models:
-            for label in order:
-                mode, env = MODES[label]
-                figures = run("throughput.py", "--mode", mode, "--model", model, "--epochs", str(epochs), env=env)
-                figures["round"] = round_index
-                results[model][label].append(figures)
-                print(f"round {round_index + 1} {model} {label}: {json.dumps(figures)}", file=sys.stderr)
+        for label in labels[round_index % len(labels) :] + labels[: round_index % len(labels)]:
+            figures = measure(label)
+            figures["round"] = round_index
+            results[label].append(figures)
+            print(f"round {round_index + 1} {label}: {json.dumps(figures)}", file=sys.stderr)
     return results
 
 
-def by_round(runs: list[dict]) -> dict[int, float]:
-    """Steps/s of each good run of ``runs``, by its round."""
-    return {f["round"]: f["steps_per_s"] for f in runs if "error" not in f}
+def throughput(models: list[str], rounds: int, epochs: int) -> dict[str, dict[str, list[dict]]]:
+    """``{model: {mode: [figures of each round]}}``, rounds interleaved, the order rotated each round."""
+    labels = [f"{model} {mode}" for model in models for mode in MODES]
+
+    def measure(label: str) -> dict:
+        model, mode_label = label.split(" ")
+        mode, env = MODES[mode_label]
+        return run("throughput.py", "--mode", mode, "--model", model, "--epochs", str(epochs), env=env)
+
+    flat = interleaved(labels, rounds, measure)
+    return {model: {mode: flat[f"{model} {mode}"] for mode in MODES} for model in models}
 
 
-def within_round(runs: list[dict], baselines: list[dict], compare: Callable[[float, float], float]) -> list[float]:
-    """``compare(steps/s of a run, steps/s of the baselines run of its round)`` for each run of ``runs``.
+def by_round(runs: list[dict], key: str = "steps_per_s") -> dict[int, float]:
+    """The figure ``key`` (default steps/s) of each good run of ``runs``, by its round."""
+    return {f["round"]: f[key] for f in runs if "error" not in f}
 
-    Failed runs, and runs whose round has no good baseline run, are left out.
+
+def within_round(
+    runs: list[dict], baselines: list[dict], compare: Callable[[float, float], float], key: str = "steps_per_s"
+) -> list[float]:
+    """``compare(figure of a run, figure of the baselines run of its round)`` for each run of ``runs``.
+
+    The figure is ``key`` (default steps/s). Failed runs, and runs whose round has no good baseline
+    run, are left out.
     """
-    base = by_round(baselines)
-    return [compare(steps, base[r]) for r, steps in by_round(runs).items() if r in base]
+    base = by_round(baselines, key)
+    return [compare(value, base[r]) for r, value in by_round(runs, key).items() if r in base]
 
 
-def within_round_ratios(runs: list[dict], baselines: list[dict]) -> list[float]:
-    """Steps/s of each run of ``runs`` over that of the ``baselines`` run of its round."""
-    return within_round(runs, baselines, lambda run, base: run / base)
+def within_round_ratios(runs: list[dict], baselines: list[dict], key: str = "steps_per_s") -> list[float]:
+    """The figure ``key`` (default steps/s) of each run of ``runs`` over that of the ``baselines`` run of its round."""
+    return within_round(runs, baselines, lambda run, base: run / base, key)
 
 
 def within_round_added_ms(runs: list[dict], baselines: list[dict]) -> list[float]:
@@ -179,6 +200,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12, help="epochs a run; the first is left out (compilation)")
     parser.add_argument("--skip-multidevice", action="store_true")
     parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--skip-gpt", action="store_true", help="leave out benchmarks/gpt.py's real model")
     args = parser.parse_args()
 
     results = throughput(args.models.split(","), args.rounds, args.epochs)
@@ -202,6 +224,11 @@ def main() -> None:
                     if "error" not in result:
                         figures[strategy].append(result["samples_per_s"])
             print(f"| {devices} | {spread(figures['xla'], 0)} | {spread(figures['xla_spmd'], 0)} |")
+        print()
+    if not args.skip_gpt:
+        import gpt  # imports this module: not at the top
+
+        print("\n".join(gpt.report(args.rounds)))
         print()
     if args.skip_startup:
         return

@@ -32,6 +32,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -118,13 +119,49 @@ class Meter:
     def summary(self) -> dict[str, object]:
         steady = self.epochs[1:]
         steps = sum(epoch["steps"] for epoch in steady)
+        compiled = compile_totals() if self.xla else None
         return {
             "steps_per_s": steps / sum(epoch["time"] for epoch in steady),
             "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs] if self.xla else None,
+            "compiles": compiled[0] if compiled else None,
+            "compile_s": compiled[1] if compiled else None,
             "transfers_per_step": sum(epoch["transfers"] for epoch in steady) / steps if self.xla else None,
             "first_step_s": self.first_step_s,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
+
+
+def compile_totals() -> tuple[int, float]:
+    """Compilations of this process so far and their seconds, from torch_xla's ``CompileTime`` metric."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")  # (count, accumulated nanoseconds, samples), None before any
+    return (int(data[0]), data[1] / 1e9) if data else (0, 0.0)
+
+
+def timing_callback(meter: Meter) -> Any:
+    """A Lightning callback that times each training epoch and the first step with ``meter``.
+
+    Lightning is imported when this is called, not with this module: the raw loops run without it.
+    """
+    import lightning as L
+
+    class Timing(L.Callback):
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.steps = 0
+            meter.start_epoch()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.steps += 1
+            meter.first_step_done()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            meter.end_epoch(self.steps)
+
+    return Timing()
 
 
 def on_cpu(mode: str) -> bool:
@@ -201,30 +238,20 @@ def run_trainer(model: str, epochs: int, meter: Meter, mode: str) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=LEARNING_RATE)
 
-    class Timing(L.Callback):
-        def on_train_epoch_start(self, trainer, pl_module):
-            meter.start_epoch()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            meter.first_step_done()
-
-        def on_train_epoch_end(self, trainer, pl_module):
-            meter.end_epoch(trainer.num_training_batches)
-
     defaults = mode in ("defaults", "defaults-cpu")
     flags: dict[str, object] = dict(accelerator="cpu" if on_cpu(mode) else "xla", devices=1)
     if mode == "lightning":
-        flags = _lightnings_own_xla_flags()
+        flags = lightnings_own_xla_flags()
     if not defaults:
         flags.update(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with tempfile.TemporaryDirectory() as root:
-        trainer = L.Trainer(max_epochs=epochs, callbacks=[Timing()], default_root_dir=root, **flags)
+        trainer = L.Trainer(max_epochs=epochs, callbacks=[timing_callback(meter)], default_root_dir=root, **flags)
         module, loader = Module(), build(model)[1]
         meter.begin()
         trainer.fit(module, loader)
 
 
-def _lightnings_own_xla_flags() -> dict[str, object]:
+def lightnings_own_xla_flags() -> dict[str, object]:
     """Lightning's own XLA accelerator and strategy, with its TPU-only device count widened to PJRT CPU."""
     from lightning.fabric.accelerators import xla as fabric_xla
     from lightning.pytorch.accelerators import XLAAccelerator
