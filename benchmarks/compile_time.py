@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gpt import child_env  # noqa: E402
-from run_all import interleaved, run, spread, within_round, within_round_ratios  # noqa: E402
+from rounds import interleaved, run, spread, within_round, within_round_ratios  # noqa: E402
 
 #: stderr lines worth showing from a cached run (case-insensitive)
 CACHE_WORDS = ("cache", "serializ", "error", "traceback")

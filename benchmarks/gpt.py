@@ -31,7 +31,7 @@ after its own move, as Lightning's XLA strategies do); ``losses`` is every step'
 read after the timing.
 
 Each run is its own process, so that compilation caches and peak memory are its own; ratios
-(``plugin`` / ``lightning``, ``plugin`` / ``raw``) are taken within a round (benchmarks/run_all.py's
+(``plugin`` / ``lightning``, ``plugin`` / ``raw``) are taken within a round (benchmarks/rounds.py's
 helpers) before their median is taken.
 """
 
@@ -54,7 +54,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import throughput  # noqa: E402
 from gpt_stdlib import GPT, GPTConfig, GPTModule, StdlibBytes, adamw, lm_loss  # noqa: E402
-from run_all import interleaved, run, spread, within_round_ratios  # noqa: E402
+from rounds import interleaved, run, spread, within_round_ratios  # noqa: E402
 
 GLOBAL_BATCH = 16
 LEARNING_RATE = 2e-3
