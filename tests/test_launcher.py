@@ -63,19 +63,19 @@ def test_a_worker_killed_by_a_signal_is_reported_with_its_ranks_and_the_signal(f
 def test_a_hung_replica_is_reported_with_its_rank_and_where_it_is_stuck(faults):
     report = faults["hangs"]
     assert (report["type"], report["rank"]) == ("ReplicaHangError", 1)
-    # reported once 3 s passed without progress; the watch looks twice a second, so it may say 3 or 4 s
+    # reported once 10 s passed without progress; the watch looks twice a second, so it may say 10 or 11 s
     seconds = re.match(r"The XLA replica of rank 1 made no progress for (\d+) s \(stuck at ", report["message"])
     assert seconds is not None, report["message"]
-    assert int(seconds[1]) >= 3
+    assert int(seconds[1]) >= 10
     assert "launcher_faults.py:" in report["message"] and "in hangs)" in report["message"]
-    assert "XLA_PLUGINS_REPLICA_TIMEOUT=3 s" in report["message"]
+    assert "XLA_PLUGINS_REPLICA_TIMEOUT=10 s" in report["message"]
     # every replica's stack comes along: rank 1 in the test's function, the others in the rendezvous
     assert "Replica of rank 1 is at:" in report["cause"] and "in hangs" in report["cause"]
     assert report["cause"].count("in rendezvous") == 3
 
 
 def test_a_replica_that_keeps_making_progress_is_not_reported_however_long_it_runs(faults):
-    # 6 s of barriers one second apart, under a 4 s timeout: the watch measures time since progress
+    # 12 s of barriers one second apart, under a 10 s timeout: the watch measures time since progress
     report = faults["slow_but_moving"]
     assert report["type"] is None, report
 

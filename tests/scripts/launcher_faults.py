@@ -23,6 +23,10 @@ xla_cpu_harness.install()
 import lightning as L  # noqa: E402
 
 DEVICES = 4
+#: The replica timeout of the hung and the slow-but-moving cases. The watch times a replica from its start, and a
+#: replica's start-up (Lightning's worker setup, the XLA runtime) took more than 3 s on a loaded
+#: 2-core machine: the first replica to start was then reported in place of the hung one.
+HANG_TIMEOUT = "10"
 #: All replica threads of the one PJRT CPU worker meet here before a fault, so every rank has started.
 started = threading.Barrier(DEVICES)
 
@@ -42,12 +46,15 @@ def is_killed(fabric: L.Fabric) -> None:
 
 
 def hangs(fabric: L.Fabric) -> None:
+    # Every replica makes progress here once its start-up is done, so rank 1's progress is the oldest
+    # from then on (the others return and stamp again) whatever the start-ups took.
+    fabric.barrier()
     if fabric.global_rank == 1:
         threading.Event().wait()  # the hung replica; the others wait for it in the end-of-run rendezvous
 
 
 def slow_but_moving(fabric: L.Fabric) -> None:
-    for _ in range(6):  # 6 s in all, under a 4 s replica timeout: each barrier is progress
+    for _ in range(12):  # 12 s in all, under a 10 s replica timeout: each barrier is progress
         time.sleep(1.0)
         fabric.barrier()
 
@@ -86,7 +93,7 @@ if __name__ == "__main__":
         report = {
             "exits": outcome(exits),
             "is_killed": outcome(is_killed),
-            "hangs": outcome(hangs, timeout="3"),
-            "slow_but_moving": outcome(slow_but_moving, timeout="4"),
+            "hangs": outcome(hangs, timeout=HANG_TIMEOUT),
+            "slow_but_moving": outcome(slow_but_moving, timeout=HANG_TIMEOUT),
         }
         print(json.dumps(report))
