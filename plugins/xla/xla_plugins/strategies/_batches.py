@@ -19,6 +19,8 @@ sharded strategies) chooses one of the two meanings here:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -73,35 +75,93 @@ def describe(loader: Any, batch: str, devices: int) -> str:
 def concatenate(batches: Sequence[Any]) -> Any:
     """Join per-device batches (one collate output each) into one batch along the first dimension.
 
-    Tensors of one or more dimensions are concatenated; mappings, tuples (named tuples too) and
-    lists of tensors or collections are joined field by field; lists of other values (strings,
-    numbers: a collated batch of them) are chained. Anything else (a scalar) is taken from the
-    first batch.
+    Tensors of one or more dimensions are concatenated; mappings, tuples (named tuples too), lists
+    of tensors or collections and dataclass instances are joined field by field, the structures
+    Lightning's ``apply_to_collection`` walks (a dataclass's fields, ``init=False`` ones included,
+    are set on a shallow copy of the first batch's instance, as Lightning sets them on a copy);
+    lists of other values (strings, numbers: a collated batch of them) are chained. Numbers,
+    strings, ``None`` and 0-d tensors (a batch-wide value, not one row per sample) are taken from
+    the first batch when every batch holds the same value.
+
+    Args:
+        batches: one batch per device, each of the same structure (non-empty).
+
+    Raises:
+        TypeError: a value of a type that cannot be joined (a user batch class that is not a
+            dataclass, for example one with its own ``.to()``), or batch-wide values that differ
+            between the batches; the message names the type or the values and the ways out
+            (``batch="global"``, or one of the structures above). Taking the first batch's value
+            instead would train each step on one device's share of the data.
     """
     first = batches[0]
     if len(batches) == 1:
         return first
     if isinstance(first, Tensor):
-        return torch.cat(list(batches)) if first.dim() > 0 else first
+        return torch.cat(list(batches)) if first.dim() > 0 else _same_value(batches)
     if isinstance(first, Mapping):
         return type(first)({key: concatenate([batch[key] for batch in batches]) for key in first})  # type: ignore[call-arg]
     if isinstance(first, tuple):
         fields = [concatenate(column) for column in zip(*batches, strict=True)]
         return type(first)(*fields) if hasattr(first, "_fields") else type(first)(fields)
     if isinstance(first, list):
-        if first and all(isinstance(item, (Tensor, Mapping, list, tuple)) for item in first):
+        if first and all(isinstance(item, (Tensor, Mapping, list, tuple)) or _is_dataclass(item) for item in first):
             return [concatenate(column) for column in zip(*batches, strict=True)]
         return [item for batch in batches for item in batch]
-    return first
+    if _is_dataclass(first):
+        joined = copy.copy(first)
+        for field in dataclasses.fields(first):
+            # object.__setattr__ also sets the fields of a frozen dataclass (on the copy only)
+            object.__setattr__(joined, field.name, concatenate([getattr(batch, field.name) for batch in batches]))
+        return joined
+    if first is None or isinstance(first, (bool, int, float, complex, str, bytes)):
+        return _same_value(batches)
+    raise TypeError(
+        f"A batch of type {type(first).__qualname__} cannot be joined into a global batch: the SPMD strategies"
+        f" join {len(batches)} per-device batches per step field by field, and they can do so for tensors,"
+        " mappings, tuples, lists and dataclasses only. Return one of those from the collate function (a"
+        " dataclass keeps attribute access), or pass `batch='global'` to the strategy"
+        " (`XLASPMDStrategy(batch='global')`) so that each loader batch is the global batch as it is."
+    )
+
+
+def _is_dataclass(value: Any) -> bool:
+    """Whether ``value`` is a dataclass instance (not a dataclass type)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _same_value(batches: Sequence[Any]) -> Any:
+    """The batch-wide value (a number, string, ``None`` or 0-d tensor) the batches share.
+
+    Raises:
+        TypeError: the batches hold different values (see :func:`concatenate`).
+    """
+    first = batches[0]
+    if isinstance(first, Tensor):
+        if first.device.type != "cpu":  # comparing would read the device: a loader's batches are on the host
+            return first
+        same = all(isinstance(b, Tensor) and b.shape == first.shape and torch.equal(b, first) for b in batches)
+    else:
+        same = all(type(b) is type(first) and b == first for b in batches)
+    if same:
+        return first
+    values = ", ".join(repr(b.item() if isinstance(b, Tensor) else b) for b in batches)
+    raise TypeError(
+        f"The per-device batches hold different values of one batch-wide field ({values}); a global batch"
+        " can hold only one. Give that field one row per sample (a tensor with a first dimension), or pass"
+        " `batch='global'` to the strategy so that each loader batch is the global batch as it is."
+    )
 
 
 class GlobalBatches:
     """A dataloader yielding global batches: ``per_step`` consecutive batches of ``loader`` joined.
 
-    The last global batch may join fewer batches (the epoch's remainder). ``transform`` is applied
-    to each global batch (a strategy's sharding). Attributes it does not define (``dataset``,
-    ``sampler``, ``batch_sampler``, ``batch_size``, ...) are those of ``loader``, so Lightning's
-    epoch setting and users' reads keep working.
+    The last global batch may join fewer batches (the epoch's remainder), unless the loader drops
+    its last incomplete batch (``drop_last=True`` on the ``DataLoader`` or its batch sampler): then
+    an incomplete global batch is dropped too, so that every step trains on a full global batch, as
+    on Lightning's multi-device strategies, where each device's loader drops its own incomplete
+    batch. ``transform`` is applied to each global batch (a strategy's sharding). Attributes it
+    does not define (``dataset``, ``sampler``, ``batch_sampler``, ``batch_size``, ...) are those of
+    ``loader``, so Lightning's epoch setting and users' reads keep working.
 
     Args:
         loader: any iterable of batches (a ``DataLoader``).
@@ -130,7 +190,7 @@ class GlobalBatches:
         index_wrapper = _index_wrapper_class()
         if self._per_step == 1 or index_wrapper is None or not isinstance(inner, index_wrapper):
             return inner
-        return _joined_index_view(index_wrapper)(inner, self._per_step)
+        return _joined_index_view(index_wrapper)(inner, self._per_step, self.drops_last)
 
     def __getattr__(self, name: str) -> Any:
         loader = self.__dict__.get("_loader")
@@ -148,14 +208,24 @@ class GlobalBatches:
             if len(group) == self._per_step:
                 yield self._emit(group)
                 group = []
-        if group:
+        if group and not self.drops_last:
             yield self._emit(group)
+
+    @property
+    def drops_last(self) -> bool:
+        """Whether the loader drops its last incomplete batch (``drop_last`` of it or of its batch sampler)."""
+        loader = self._loader
+        return bool(
+            getattr(loader, "drop_last", False) or getattr(getattr(loader, "batch_sampler", None), "drop_last", False)
+        )
 
     def _emit(self, group: list[Any]) -> Any:
         joined = concatenate(group)
         return joined if self._transform is None else self._transform(joined)
 
     def __len__(self) -> int:
+        if self.drops_last:
+            return len(self._loader) // self._per_step
         return math.ceil(len(self._loader) / self._per_step)
 
 
@@ -173,15 +243,19 @@ def _joined_index_view(base: type) -> type:
     """A read-only ``base`` (``_IndexBatchSamplerWrapper``) whose ``seen_batch_indices`` are joined per step."""
 
     class JoinedIndexBatches(base):  # type: ignore[misc, valid-type]
-        def __init__(self, inner: Any, per_step: int) -> None:  # base's __init__ is not called on purpose
-            self.__dict__.update(_inner=inner, _per_step=per_step)
+        def __init__(self, inner: Any, per_step: int, drops_last: bool) -> None:  # base's __init__ is not called
+            self.__dict__.update(_inner=inner, _per_step=per_step, _drops_last=drops_last)
 
         @property  # type: ignore[misc]
         def seen_batch_indices(self) -> list[list[int]]:
             seen, step = self._inner.seen_batch_indices, self._per_step
+            if self._drops_last:  # the batches of a dropped incomplete step were seen, never predicted
+                seen = seen[: len(seen) - len(seen) % step]
             return [[i for batch in seen[start : start + step] for i in batch] for start in range(0, len(seen), step)]
 
         def __len__(self) -> int:
+            if self._drops_last:
+                return len(self._inner) // self._per_step
             return math.ceil(len(self._inner) / self._per_step)
 
         def __getattr__(self, name: str) -> Any:
