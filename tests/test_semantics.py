@@ -122,9 +122,15 @@ def test_xla_and_xla_spmd_take_the_same_steps_per_epoch_on_the_same_loader(tmp_p
 
 
 @pytest.mark.slow  # several devices: primary tox cell only (tox.ini)
-def test_spmd_start_up_log_states_the_per_device_and_the_global_batch(tmp_path_factory):
+def test_spmd_start_up_log_states_the_per_device_and_the_global_batch_of_each_named_loader(tmp_path_factory):
     output = report("xla_spmd", tmp_path_factory)[1]
-    assert "trainer-plugins: xla_spmd: per-device batch 4, global batch 16 (4 x 4 devices)" in output
+    lines = [line for line in output.splitlines() if line.startswith("trainer-plugins: xla_spmd: ")]
+    train = "trainer-plugins: xla_spmd: train_dataloader: per-device batch 4, global batch 16 (4 x 4 devices)"
+    assert any(train in line for line in lines)
+    # the prediction loader (rebuilt by Lightning around its batch sampler) is worded the same way
+    predict = "trainer-plugins: xla_spmd: predict_dataloader: per-device batch 4, global batch 16 (4 x 4 devices)"
+    assert any(predict in line for line in lines)
+    assert all(line.count("_dataloader: ") == 1 for line in lines)
 
 
 def without_padding(rows: list[list[int]], size: int) -> list[int]:

@@ -53,8 +53,12 @@ def loader_batches_per_step(batch: str, devices: int) -> int:
 
 
 def describe(loader: Any, batch: str, devices: int) -> str:
-    """One line for the start-up log: the per-device and the global batch of ``loader``'s steps."""
-    size = getattr(loader, "batch_size", None)
+    """One line for the start-up log: the per-device and the global batch of ``loader``'s steps.
+
+    The size is the loader's ``batch_size``, else its batch sampler's (Lightning rebuilds a
+    prediction loader around its batch sampler, leaving ``batch_size`` unset).
+    """
+    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
     if check_batch_meaning(batch) == GLOBAL:
         per_device = f"{size / devices:g}" if size else f"1/{devices} of a loader batch"
         return (

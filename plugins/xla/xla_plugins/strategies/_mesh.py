@@ -221,14 +221,19 @@ class _OneProcessOverAMesh:
 
         return apply_to_collection(batch, Tensor, shard)
 
-    def global_batches(self, dataloader: Any, transform: Optional[Any] = None) -> _batches.GlobalBatches:
+    def global_batches(
+        self, dataloader: Any, transform: Optional[Any] = None, name: Optional[str] = None
+    ) -> _batches.GlobalBatches:
         """``dataloader`` yielding one global batch per step, by the strategy's ``batch`` meaning.
 
-        Logs the per-device and global batch once per distinct description.
+        Logs the per-device and global batch once per distinct description, after ``name`` (the
+        loader's Lightning hook, ``"train_dataloader"`` for example) when given.
         """
         if isinstance(dataloader, _batches.GlobalBatches):
             return dataloader
         line = _batches.describe(dataloader, self.batch, self.local_num_devices)
+        if name:
+            line = f"{name}: {line}"
         if self.hosts.several:
             line += f"; on each of {self.world.world_size} hosts (each loads its own share of the data set)"
         if line not in self._described:

@@ -85,8 +85,15 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
-        """Yield one global batch per step (:meth:`global_batches`); :meth:`batch_to_device` shards it."""
-        return self.global_batches(dataloader)
+        """Yield one global batch per step (:meth:`global_batches`); :meth:`batch_to_device` shards it.
+
+        The start-up line names the loader by the Trainer's stage (``train_dataloader``,
+        ``val_dataloader`` also in the sanity check, ``test_dataloader``, ``predict_dataloader``).
+        """
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        stage = trainer.state.stage if trainer is not None else None
+        name = f"{stage.dataloader_prefix}_dataloader" if stage is not None and stage.dataloader_prefix else None
+        return self.global_batches(dataloader, name=name)
 
     @override
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None, dataloader_idx: int = 0) -> Any:
