@@ -59,6 +59,9 @@ def test_doctor_describes_the_xla_runtime():
         "torch": version("torch"),
         "torch_xla": version("torch_xla"),
         "PJRT_DEVICE": "CPU",
+        "accelerator='auto'": "does not pick XLA (PJRT_DEVICE=CPU: accelerator='auto' never picks torch_xla's CPU"
+        " device (by policy: plain Lightning runs such a script on its own CPU accelerator); pass"
+        " accelerator='tpu' (or 'xla') to run on it)",
         "runtime": "PJRT",
         "device type": "CPU",
         "device count": 4,

@@ -161,6 +161,50 @@ def test_doctor_reports_an_empty_pjrt_device_as_set_but_empty(monkeypatch):
     assert "device type" not in info
 
 
+def test_doctor_refuses_pjrt_device_cuda_where_torch_xla_has_no_cuda_with_the_fix(monkeypatch):
+    from xla_plugins import _doctor
+
+    monkeypatch.setenv("PJRT_DEVICE", "CUDA")
+    for installed, refused in [("2.9.0", True), ("2.8.1", False)]:  # 2.8 was the last torch_xla with XLA:CUDA
+        monkeypatch.setattr(_doctor, "version", lambda name, v=installed: v if name == "torch_xla" else "2.9.0")
+        assert _doctor._cuda_removed() is refused
+    monkeypatch.setattr(_doctor, "version", lambda name: "2.9.0")
+    info = _doctor.describe()
+    assert info["error"].startswith("PJRT_DEVICE=CUDA, but torch_xla 2.9.0 has no CUDA device")
+    assert info["error"].endswith("pip install 'xla-plugins[xla28]'")
+    assert "device type" not in info  # no runtime was started for a device that cannot exist
+
+
+class FakeDistribution:
+    """Mocked metadata: a torch_tpu or PyPI torchax cannot be installed next to this environment's torch_xla."""
+
+    def __init__(self, version: str, files: list[str]) -> None:
+        self.version, self.files = version, files
+
+
+def test_doctor_names_torch_tpu_and_a_shadowing_torchax_with_their_fixes(monkeypatch):
+    from importlib import metadata
+
+    from xla_plugins import _doctor
+
+    assert _doctor.environment_problems() == []  # this environment: torch_xla's own torchax only
+    real_distribution, real_version = metadata.distribution, _doctor.version
+    fakes = {"torch_tpu": FakeDistribution("0.2.0", []), "torchax": FakeDistribution("0.0.7", ["torchax/__init__.py"])}
+
+    def distribution(name):
+        return fakes[name] if name in fakes else real_distribution(name)
+
+    monkeypatch.setattr(metadata, "distribution", distribution)
+    monkeypatch.setattr(_doctor, "version", lambda name: fakes[name].version if name in fakes else real_version(name))
+    torch_tpu, torchax = _doctor.environment_problems()
+    assert torch_tpu.startswith("torch_tpu 0.2.0 is installed: it loads itself on every `import torch`")
+    assert torchax.startswith(
+        f"torchax 0.0.7 from the package index is installed next to torch_xla {real_version('torch_xla')}"
+    )
+    assert "pip uninstall torchax, then pip install --force-reinstall --no-deps 'torch_xla==" in torchax
+    assert _doctor.describe()["environment problem 1"] == torch_tpu
+
+
 def test_the_single_device_strategy_with_several_devices_is_an_error_naming_both_flags():
     result = run_python(
         """

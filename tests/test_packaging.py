@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from importlib.metadata import distribution, files
+from pathlib import Path
 
+import pytest
 from conftest import run_python
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -89,27 +93,80 @@ def test_the_installed_versions_are_within_the_declared_ranges():
     assert unsupported_versions("xla-plugins", ["lightning"]) == []
 
 
-def test_installing_xla_plugins_can_only_pair_torch_xla_with_the_torch_it_is_built_against():
-    """Every torch_xla the declared requirements allow (extras included) pairs with every torch they allow."""
+def declared_requirements(extra: str = "") -> dict[str, list[Requirement]]:
+    """xla-plugins' requirements that apply with ``extra`` (or none), by canonical name."""
+    found: dict[str, list[Requirement]] = {}
+    for line in distribution("xla-plugins").requires or []:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+            found.setdefault(canonicalize_name(requirement.name), []).append(requirement)
+    return found
+
+
+# The releases on the package index around the supported ones (torch has no 2.8.1; torch_xla 2.9.0 is its last).
+RELEASES = {
+    "torch": ["2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0"],
+    "torch-xla": ["2.7.0", "2.8.0", "2.8.1", "2.9.0"],
+}
+
+
+def allowed(requirements: list[Requirement]) -> list[str]:
+    (name,) = {canonicalize_name(r.name) for r in requirements}
+    return [v for v in RELEASES[name] if all(v in r.specifier for r in requirements)]
+
+
+def test_each_supported_torch_xla_pair_is_installable_and_no_extra_allows_a_mismatch():
+    """The extras xla29/xla28 pin one pair each; the base admits both pairs and resolves the newest one.
+
+    torch_xla does not declare the torch it is built against; a resolver picks the newest release of
+    each requirement in a fresh environment, so the base range's newest torch and torch_xla must pair
+    (torch 2.9.1 must not be admitted: torch_xla 2.9 is built against 2.9.0).
+    """
     from packaging.version import Version
 
-    from xla_plugins._runtime import TORCH_FOR_TORCH_XLA, version_mismatch
+    from xla_plugins._runtime import version_mismatch
 
-    declared = [Requirement(line) for line in distribution("xla-plugins").requires or []]
-    by_name: dict[str, list[Requirement]] = {}
-    for requirement in declared:
-        by_name.setdefault(canonicalize_name(requirement.name), []).append(requirement)
-    candidates = ["2.7.0", "2.8.0", "2.8.1", "2.9.0", "2.9.1", "2.10.0", "2.11.0"]
-    (torch,) = by_name["torch"]
-    torches = [v for v in candidates if v in torch.specifier]
-    assert torches == ["2.9.0"]
-    assert {str(r.marker) for r in by_name["torch-xla"]} == {"None", 'extra == "tpu"'}
-    for torch_xla in by_name["torch-xla"]:
-        allowed = [v for v in candidates if v in torch_xla.specifier]
-        assert allowed == ["2.9.0", "2.9.1"]
-        assert all(version_mismatch(Version(x), Version(t)) is None for x in allowed for t in torches)
-    assert {tuple(sorted(r.extras)) for r in by_name["torch-xla"]} == {(), ("tpu",)}
-    assert TORCH_FOR_TORCH_XLA[(2, 9)] == "2.9.0"
+    base = declared_requirements()
+    assert allowed(base["torch"]) == ["2.8.0", "2.9.0"]
+    assert allowed(base["torch-xla"]) == ["2.8.0", "2.8.1", "2.9.0"]
+    assert version_mismatch(Version(allowed(base["torch-xla"])[-1]), Version(allowed(base["torch"])[-1])) is None
+    for extra, torch in [("xla29", "2.9.0"), ("xla28", "2.8.0")]:
+        pinned = declared_requirements(extra)
+        assert allowed(pinned["torch"]) == [torch]
+        torch_xlas = allowed(pinned["torch-xla"])
+        assert torch_xlas and all(v.startswith(torch[:4]) for v in torch_xlas)
+        assert all(version_mismatch(Version(x), Version(torch)) is None for x in torch_xlas)
+    assert {tuple(sorted(r.extras)) for r in declared_requirements("tpu")["torch-xla"]} == {(), ("tpu",)}
+
+
+@pytest.mark.slow  # asks the package index (metadata only): primary tox cell only (tox.ini)
+@pytest.mark.parametrize("extra, torch", [("", "2.9.0"), ("xla29", "2.9.0"), ("xla28", "2.8.0")])
+def test_a_resolver_installs_each_supported_pair_from_the_metadata(extra, torch, tmp_path):
+    """uv resolves the checkout's two distributions (with ``extra``) to a matching torch / torch_xla pair."""
+    root = Path(__file__).resolve().parents[1]
+    wanted = f"xla-plugins[{extra}]" if extra else "xla-plugins"
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text(f"trainer-plugins @ {root.as_uri()}\n{wanted} @ {(root / 'plugins' / 'xla').as_uri()}\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-header",
+            "--python-version",
+            "3.11",
+            str(requirements),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    pins = dict(line.split("==") for line in result.stdout.splitlines() if "==" in line and not line.startswith(" "))
+    assert pins["torch"] == torch and pins["torch-xla"].startswith(torch[:4])
 
 
 def test_versions_outside_a_declared_range_are_named_with_the_range(monkeypatch):

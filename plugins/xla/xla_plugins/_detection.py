@@ -20,30 +20,52 @@ def auto_candidate() -> bool:
     choose XLA (plain Lightning would run on the CPU; so do we) and one ``UserWarning`` names
     ``PJRT_DEVICE``; an explicit ``accelerator="tpu"`` still reports the runtime's own error.
     """
+    chosen, reason, warn = auto_decision()
+    if warn:
+        warnings.warn(reason, UserWarning, stacklevel=2)
+    return chosen
+
+
+def auto_decision() -> tuple[bool, str, bool]:
+    """``(chosen, reason, worth a warning)``: :func:`auto_candidate`'s answer and why, in one sentence.
+
+    ``trainer-plugins doctor`` shows the reason (see :mod:`xla_plugins._doctor`).
+    """
     if not importable("torch_xla"):
-        return False
+        return False, "torch_xla is not installed", False
     raw = os.environ.get("PJRT_DEVICE")
     if raw is None:
-        return _tpu_attached()
+        if _tpu_attached():
+            return True, "PJRT_DEVICE is unset and a TPU is attached", False
+        return (
+            False,
+            "PJRT_DEVICE is unset and no TPU is attached: accelerator='auto' leaves torch_xla's CPU device to"
+            " Lightning's own CPU accelerator; pass accelerator='tpu' (or 'xla') to run on it",
+            False,
+        )
     selected = raw.strip().upper()
     if selected == "CPU":
-        return False
+        return (
+            False,
+            "PJRT_DEVICE=CPU: accelerator='auto' never picks torch_xla's CPU device (by policy: plain Lightning"
+            " runs such a script on its own CPU accelerator); pass accelerator='tpu' (or 'xla') to run on it",
+            False,
+        )
     attached = _ATTACHED.get(selected)
     if attached is not None and attached():
-        return True
+        return True, f"PJRT_DEVICE={raw!r} names an attached device type", False
     what = (
         "is empty"
         if not selected
         else f"names {'no device type torch_xla knows' if attached is None else 'a device type not attached here'}"
     )
-    warnings.warn(
+    return (
+        False,
         f"PJRT_DEVICE={raw!r} {what}, so accelerator='auto' does not choose XLA and the run uses another"
         " accelerator (the CPU if nothing else is attached). Set PJRT_DEVICE to an attached device type"
-        " (TPU, CUDA, CPU) or unset it; accelerator='tpu' reports the runtime's own error.",
-        UserWarning,
-        stacklevel=2,
+        " (TPU, CPU, ...) or unset it; accelerator='tpu' reports the runtime's own error.",
+        True,
     )
-    return False
 
 
 def _tpu_attached() -> bool:

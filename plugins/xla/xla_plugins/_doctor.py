@@ -10,6 +10,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from xla_plugins import _runtime
+from xla_plugins._detection import auto_decision
 from xla_plugins._world import RuntimeFigures
 
 
@@ -27,7 +28,18 @@ def describe() -> dict[str, object]:
     }
     for number, problem in enumerate(unsupported_versions("xla-plugins", ["lightning"]), start=1):
         info[f"unsupported version {number}"] = problem
+    for number, problem in enumerate(environment_problems(), start=1):
+        info[f"environment problem {number}"] = problem
+    chosen, reason, _ = auto_decision()
+    info["accelerator='auto'"] = f"{'picks XLA' if chosen else 'does not pick XLA'} ({reason})"
     raw = os.environ.get("PJRT_DEVICE")
+    if (raw or "").strip().upper() in ("CUDA", "GPU") and _cuda_removed():
+        info["error"] = (
+            f"PJRT_DEVICE={raw}, but torch_xla {_version_or('torch_xla')} has no CUDA device (deprecated in"
+            " torch_xla 2.8, removed in 2.9: pytorch/xla #9295, #9597); use PJRT_DEVICE=TPU or CPU, or the"
+            " torch_xla 2.8 pair with its CUDA plugin: pip install 'xla-plugins[xla28]'"
+        )
+        return info
     if raw is not None and not raw.strip():
         info["error"] = "PJRT_DEVICE is set but empty, so torch_xla starts no device; unset it or name a device type"
         return info
@@ -43,6 +55,53 @@ def describe() -> dict[str, object]:
     for number, warning in enumerate(host_warnings(figures), start=1):
         info[f"warning {number}"] = warning
     return info
+
+
+def environment_problems() -> list[str]:
+    """Installed distributions that break or slow down torch_xla here, each with its fix (``doctor``).
+
+    * ``torch_tpu`` (Google's native TPU backend for torch) loads itself on ``import torch`` and
+      replaces ``torch.compile``'s default backend: measured 18 s for ``import torch`` with
+      torch_tpu 0.2.0 and no TPU present.
+    * ``torchax`` from the package index next to a torch_xla wheel that ships its own ``torchax``
+      package (torch_xla 2.9 does): the two write the same files, so whichever was installed last
+      shadows the other, and uninstalling one deletes files of the other.
+
+    Reads distribution metadata only (``importlib.metadata``); imports nothing.
+    """
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    problems = []
+    installed = _version_or("torch_tpu")
+    if installed != "not installed":
+        problems.append(
+            f"torch_tpu {installed} is installed: it loads itself on every `import torch` (18 s measured with"
+            " torch_tpu 0.2.0 and no TPU) and replaces torch.compile's default backend; use a separate"
+            " environment for torch_xla, or pip uninstall torch_tpu"
+        )
+    try:
+        shipped = any(str(path).startswith("torchax/") for path in distribution("torch_xla").files or [])
+        own = distribution("torchax")
+    except PackageNotFoundError:
+        return problems
+    if shipped:
+        problems.append(
+            f"torchax {own.version} from the package index is installed next to torch_xla"
+            f" {_version_or('torch_xla')}, whose wheel ships its own torchax package: the two write the same"
+            " files and the last installed wins; pip uninstall torchax, then pip install --force-reinstall"
+            f" --no-deps 'torch_xla=={_version_or('torch_xla')}' to restore torch_xla's copy"
+        )
+    return problems
+
+
+def _cuda_removed() -> bool:
+    """torch_xla 2.9 or newer is installed: it has no CUDA device (2.8 was the last with XLA:CUDA)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version("torch_xla")).release[:2] >= (2, 9)
+    except (PackageNotFoundError, InvalidVersion):
+        return False
 
 
 #: Distributions whose versions must be the same on every host of a slice (``doctor`` shows them).

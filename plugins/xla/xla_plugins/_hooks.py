@@ -32,7 +32,7 @@ def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
             "xla",
             trainer=f"{_PKG}.accelerator:XLAAccelerator",
             fabric=f"{_PKG}.accelerator:XLAAccelerator",
-            description="XLA devices through torch_xla's PJRT runtime (TPU, CPU, CUDA, ...)",
+            description="XLA devices through torch_xla's PJRT runtime (TPU, CPU, ...)",
             aliases=("tpu",),
             auto_priority=100,
             override=True,
