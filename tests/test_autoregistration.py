@@ -90,4 +90,4 @@ def test_the_trainer_logs_nothing_when_lightning_supplies_every_role(caplog):
 def test_the_full_table_is_logged_at_debug_level(caplog):
     lines = _startup_lines(caplog, logging.DEBUG, accelerator="cpu", devices=2, strategy="ddp")
     (table,) = [line for line in lines if line.startswith("trainer-plugins resolved the run:")]
-    assert "is_distributed  True  <- trainer-plugins: whitelisted distributed strategy" in table
+    assert "is_distributed  True  <- trainer-plugins: one of Lightning's distributed strategy classes" in table

@@ -13,6 +13,8 @@ from importlib.metadata import version
 import pytest
 from conftest import HAS_TORCH_XLA, run_python
 
+from trainer_plugins._is_distributed import WHITELISTED
+
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = shutil.which("trainer-plugins", path=os.path.dirname(sys.executable))
@@ -39,7 +41,7 @@ def test_explain_gives_the_decisions_as_json():
         "role": "is_distributed",
         "choice": "True",
         "plugin": "trainer-plugins",
-        "reason": "whitelisted distributed strategy",
+        "reason": WHITELISTED,
     }
 
 

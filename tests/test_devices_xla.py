@@ -220,3 +220,36 @@ def test_the_single_device_strategy_with_several_devices_is_an_error_naming_both
         "error: `strategy='single_xla'` drives one device, but `devices=2` selects 2. Pass `devices=1` (or a"
         " one-device list) for it, or a multi-device strategy (`strategy='auto'` picks one)."
     )
+
+
+def test_messages_a_newcomer_reads_name_the_real_choice_and_appear_once():
+    """With PJRT_DEVICE unset: the devices error says torch_xla chose the device, `strategy="fsdp"` on XLA
+    names xla_fsdp_v2, and `explain` after a fit does not log the start-up line a second time."""
+    result = run_python(
+        """
+        import lightning as L, trainer_plugins
+        from lightning.pytorch.demos.boring_classes import BoringModel
+        for flags in ({"devices": 64}, {"devices": 1, "strategy": "fsdp"}):
+            try:
+                L.Trainer(accelerator="tpu", logger=False, **flags)
+            except ValueError as error:
+                print("error:", error)
+        L.Trainer(accelerator="tpu", devices=1, max_steps=1, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False).fit(BoringModel())
+        print(trainer_plugins.explain(accelerator="tpu", devices=1))
+        """,
+        env={"PJRT_DEVICE": None},
+    )
+    devices, fsdp = [line for line in result.stdout.splitlines() if line.startswith("error: ")]
+    assert "device(s) (PJRT_DEVICE is unset, so torch_xla chose CPU); set CPU_NUM_DEVICES=<n>" in devices
+    assert fsdp.startswith("error: The strategy `fsdp` requires a GPU accelerator")
+    assert fsdp.endswith(
+        "The accelerator 'xla' comes from plugin xla (xla-plugins " + version("xla-plugins") + "), whose Trainer"
+        " strategies are 'single_xla', 'xla', 'xla_debug', 'xla_fsdp_v2', 'xla_spmd' (or strategy='auto')."
+    )
+    startup = [line for line in result.stderr.splitlines() if line.startswith("trainer-plugins: accelerator=")]
+    assert len(startup) == 1  # the fit's; explain resolves flags without starting a run
+    assert (
+        "is_distributed  False  <- trainer-plugins: not one of Lightning's distributed strategy classes"
+        in result.stdout
+    )

@@ -17,9 +17,9 @@ import trainer_plugins  # noqa: E402
 from trainer_plugins import Connector, StrategyEntry  # noqa: E402
 
 #: What the explanation says of each step of the rule (``trainer_plugins.explain``, ``trainer-plugins explain``).
-WHITELISTED = "whitelisted distributed strategy"
+from trainer_plugins._is_distributed import NEITHER, WHITELISTED  # noqa: E402
+
 OWN_ATTRIBUTE = "the strategy's own is_distributed attribute"
-NEITHER = "not whitelisted and no is_distributed attribute"
 
 
 class HalfOfTwoReplicas(ParallelStrategy):

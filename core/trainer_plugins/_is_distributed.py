@@ -22,9 +22,15 @@ from trainer_plugins._errors import add_note
 from trainer_plugins._standalone import resolve_in
 
 #: What the explanation says of each step of the rule.
-WHITELISTED = "whitelisted distributed strategy"
+WHITELISTED = (
+    "one of Lightning's distributed strategy classes, or declared distributed by its plugin: each process"
+    " trains on its share of the data (distributed sampler, synced metrics)"
+)
 OWN_ATTRIBUTE = "the strategy's own is_distributed attribute"
-NEITHER = "not whitelisted and no is_distributed attribute"
+NEITHER = (
+    "not one of Lightning's distributed strategy classes, not declared distributed by a plugin, and no"
+    " is_distributed attribute: no distributed sampler, metrics not synced"
+)
 
 
 def whitelist(catalog: Catalog, api: str, package: str) -> tuple[type, ...]:

@@ -13,6 +13,7 @@ For ``pytorch_lightning``/``lightning_fabric`` the same source runs as its twin
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any, ClassVar
 
@@ -28,7 +29,14 @@ from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import Connector
 from trainer_plugins._explanation import LIGHTNING_RULE
-from trainer_plugins._names import canonical, check_name, extend_name_error, plugin_claim, valid_names
+from trainer_plugins._names import (
+    canonical,
+    check_name,
+    extend_name_error,
+    plugin_claim,
+    strategies_of_accelerator_plugin,
+    valid_names,
+)
 from trainer_plugins._records import BUILTIN_PLUGIN
 from trainer_plugins._standalone import package_of_module
 from trainer_plugins._versions import warn_unsupported_versions
@@ -94,6 +102,15 @@ class _PluginConnectorMixin:
         finally:
             setattr(self, self._accelerator_names_attr, lightning_accelerators)
             self._registered_strategies = lightning_strategies
+
+    def _check_strategy_and_fallback(self) -> None:
+        try:
+            super()._check_strategy_and_fallback()  # type: ignore[misc]
+        except ValueError as error:
+            hint = strategies_of_accelerator_plugin(self.plugin_connector.catalog, self._api, self.accelerator)
+            if hint is None:
+                raise
+            raise ValueError(f"{error} {hint}") from error
 
     def _choose_auto_accelerator(self) -> str:
         return self.plugin_connector.choose_auto_accelerator()
@@ -163,7 +180,7 @@ class _PluginConnectorMixin:
         self.plugin_connector.explain_is_distributed(self.strategy)
         explanation = self.plugin_connector.explanation
         line = self.plugin_connector.startup_line()
-        if line is not None:
+        if line is not None and not _EXPLAINING.get():
             rank_zero_info(line)
         _log_table(explanation)
 
@@ -182,6 +199,10 @@ class _PluginConnectorMixin:
         reason = "instance given by the user" if not isinstance(given, (str, type(None))) else LIGHTNING_RULE
         choice = self.plugin_connector.describe_as(role, obj, given if isinstance(given, str) else None)
         self.plugin_connector.note(role, choice, self._label_of(role, obj), reason)
+
+
+#: Set while :func:`explain` resolves flags: no run starts, so no start-up line is logged.
+_EXPLAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("trainer_plugins_explaining", default=False)
 
 
 @rank_zero_only
@@ -335,4 +356,8 @@ def explain(api: str = "trainer", **flags: Any) -> Any:
     connectors = {"trainer": TrainerConnector, "fabric": FabricConnector}
     if api not in connectors:
         raise ValueError(f"api must be 'trainer' or 'fabric', got {api!r}")
-    return connectors[api](**flags).plugin_connector.explanation
+    token = _EXPLAINING.set(True)
+    try:
+        return connectors[api](**flags).plugin_connector.explanation
+    finally:
+        _EXPLAINING.reset(token)

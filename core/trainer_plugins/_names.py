@@ -110,3 +110,31 @@ def plugin_claim(catalog: Catalog, role: str, name: Any) -> Optional[Claim]:
     if claim.plugin.state != "loaded":
         raise catalog.manager.error_for(claim.plugin, f"provide {role} {name!r}")
     return claim
+
+
+def strategies_of_accelerator_plugin(catalog: Catalog, api: str, accelerator: Any) -> Optional[str]:
+    """A sentence naming the strategies of the plugin that supplies ``accelerator``, or ``None``.
+
+    Appended to Lightning's refusal of a strategy for a plugin's accelerator (Lightning's
+    ``_check_strategy_and_fallback``: ``strategy="fsdp"`` asks for a GPU), so that the message
+    names the choices that work, for example ``"xla_fsdp_v2"`` for ``"fsdp"`` on XLA.
+
+    Args:
+        catalog: the declared names.
+        api: ``"trainer"`` or ``"fabric"``.
+        accelerator: the run's accelerator instance.
+    """
+    owner = catalog.owner_of(accelerator, "accelerator", api)
+    if owner is None or owner.builtin:
+        return None
+    names = sorted(
+        name
+        for name, claim in catalog.claims.get("strategy", {}).items()
+        if claim.plugin is owner.plugin and claim.live and name == claim.entry.name and claim.entry.class_path(api)
+    )
+    if not names:
+        return None
+    return (
+        f"The accelerator {owner.entry.name!r} comes from plugin {owner.plugin.label}, whose {API_NAMES[api]}"
+        f" strategies are {', '.join(map(repr, names))} (or strategy='auto')."
+    )

@@ -87,13 +87,24 @@ def require_torch_xla() -> ModuleType:
             "The XLA XRT runtime is not supported anymore; set PJRT_DEVICE (TPU, CPU, CUDA, ...) to use PJRT."
         )
     if not chosen_by_user:
+        _DEFAULTED_DEVICE.append(xr.device_type())
         log_default_device(xr.device_type())
     return torch_xla
 
 
+#: The device type torch_xla chose itself because ``PJRT_DEVICE`` was unset (torch_xla then sets
+#: ``PJRT_DEVICE`` in ``os.environ``, so the variable alone no longer tells); empty if the user chose.
+_DEFAULTED_DEVICE: list[str] = []
+
+
+def pjrt_device_defaulted() -> bool:
+    """Whether torch_xla chose the PJRT device itself in this process (``PJRT_DEVICE`` was unset)."""
+    return bool(_DEFAULTED_DEVICE)
+
+
 #: The torch release each supported torch_xla series is built against (torch_xla's release notes: one
-#: exact torch per torch_xla release; torch_xla 2.8.1 still pairs with torch 2.8.0). Installing
-#: xla-plugins pins the newest pair (its ``pyproject.toml``); older pairs run when installed together.
+#: exact torch per torch_xla release; torch_xla 2.8.1 still pairs with torch 2.8.0). xla-plugins'
+#: metadata admits both pairs and its extras ``xla29`` / ``xla28`` pin one (its ``pyproject.toml``).
 TORCH_FOR_TORCH_XLA: dict[tuple[int, ...], str] = {(2, 8): "2.8.0", (2, 9): "2.9.0"}
 
 

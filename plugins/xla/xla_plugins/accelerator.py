@@ -203,7 +203,12 @@ def _devices_choices(count: int) -> str:
 def _count_source(count: int) -> str:
     """Where the device count comes from and how to change it, for error messages."""
     device_type = _runtime.device_type()
-    source = f"The PJRT runtime reports {count} {device_type} device(s) (PJRT_DEVICE={device_type})"
+    chosen = (
+        f"PJRT_DEVICE={device_type}"
+        if not _runtime.pjrt_device_defaulted()
+        else f"PJRT_DEVICE is unset, so torch_xla chose {device_type}"
+    )
+    source = f"The PJRT runtime reports {count} {device_type} device(s) ({chosen})"
     variable = _COUNT_VARIABLES.get(device_type)
     if variable is not None:
         return f"{source}; set {variable}=<n> for n devices, or PJRT_DEVICE for another device type."
