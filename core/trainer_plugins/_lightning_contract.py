@@ -47,6 +47,7 @@ _DECISIONS = (
     ("_set_parallel_devices_and_init_accelerator", ("self",)),
     ("_choose_and_init_cluster_environment", ("self",)),
     ("_choose_strategy", ("self",)),
+    ("_check_strategy_and_fallback", ("self",)),
     ("_init_strategy", ("self",)),
     ("_check_and_init_precision", ("self",)),
     ("_lazy_init_strategy", ("self",)),
