@@ -16,14 +16,19 @@ ADAPTERS = {
     "lightning": "trainer_plugins._lightning",
     "pytorch_lightning": "trainer_plugins._standalone.trainer_plugins._lightning",
 }
-#: (packaging, Lightning module, the class name it builds a connector from, our replacement in the adapter).
+#: Lightning's check that a strategy can run a compiled module (a function the trainer module imports).
+COMPILE_CHECK = "_verify_strategy_supports_compile"
+#: (packaging, Lightning module, the class name it builds a connector from, our replacement in the adapter);
+#: the trainer module's compile check is replaced the same way (a function, called like a class).
 TARGETS = (
     ("lightning", "lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
     ("lightning", "lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
     ("lightning", "lightning.fabric.fabric", "_Connector", "FabricConnector"),
+    ("lightning", "lightning.pytorch.trainer.trainer", COMPILE_CHECK, "verify_strategy_supports_compile"),
     ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
     ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
     ("pytorch_lightning", "lightning_fabric.fabric", "_Connector", "FabricConnector"),
+    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", COMPILE_CHECK, "verify_strategy_supports_compile"),
 )
 _originals: dict[tuple[str, str], Any] = {}
 
@@ -118,7 +123,7 @@ def attach() -> None:
         problem = unsupported(package)
         if problem is None:
             replacement = _connector_factory(package, class_name)
-        elif class_name == "TrainerDataConnector":
+        elif class_name in ("TrainerDataConnector", "verify_strategy_supports_compile"):
             continue
         else:
             replacement = _gate_factory(package, original, problem)

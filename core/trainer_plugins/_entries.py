@@ -140,11 +140,16 @@ class StrategyEntry(_Entry):
             devices. The connector's ``is_distributed`` answers ``True`` for it (the whitelist rule).
         init_kwargs: keyword arguments the class is built with when selected by this name
             (Lightning's ``StrategyRegistry.register(**init_params)``).
+        supports_compile: whether the Trainer may run a ``torch.compile``d LightningModule on it.
+            Lightning's own check (``_verify_strategy_supports_compile``) accepts only its
+            ``SingleDeviceStrategy``, ``DDPStrategy`` and ``FSDPStrategy`` and their subclasses; a
+            strategy declared here is accepted too.
     """
 
     role: ClassVar[str] = "strategy"
     distributed: bool = False
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    supports_compile: bool = False
 
 
 @dataclass(frozen=True)

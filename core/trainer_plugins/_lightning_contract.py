@@ -64,6 +64,7 @@ METHODS = (
     *(PrivateMethod(f"{cls}.{name}", parameters) for cls in (_TRAINER, _FABRIC) for name, parameters in _DECISIONS),
     PrivateMethod(f"{_DATA}._prepare_dataloader", ("self", "dataloader", "shuffle", "mode")),
     PrivateMethod(f"{_CHECKPOINT}.dump_checkpoint", ("self", "weights_only")),
+    PrivateMethod("lightning.pytorch.utilities.compile:_verify_strategy_supports_compile", ("model", "strategy")),
     PrivateMethod(
         f"{_DATA}.on_trainer_init",
         ("self", "val_check_interval", "reload_dataloaders_every_n_epochs", "check_val_every_n_epoch"),
@@ -84,6 +85,7 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:", "_AcceleratorConnector"),
     PrivateAttribute("lightning.pytorch.trainer.trainer:", "_DataConnector"),
     PrivateAttribute("lightning.fabric.fabric:", "_Connector"),
+    PrivateAttribute("lightning.pytorch.trainer.trainer:", "_verify_strategy_supports_compile"),
     # instance attributes the adapter reads or sets
     *(PrivateAttribute(cls, name) for cls in (_TRAINER, _FABRIC) for name in _SHARED_FLAGS),
     PrivateAttribute(_TRAINER, "_accelerator_types"),

@@ -48,6 +48,7 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             trainer=f"{_PKG}.strategies.single_xla:SingleDeviceXLAStrategy",
             fabric=f"{_PKG}.strategies.single_xla:FabricSingleDeviceXLAStrategy",
             description="one XLA device, one process",
+            supports_compile=True,
             deprecated_aliases=("single_tpu",),
             override=True,
         ),

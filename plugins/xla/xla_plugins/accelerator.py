@@ -54,10 +54,17 @@ class XLAAccelerator(_LightningXLAAccelerator):
         redraw Lightning's default progress bar by the clock (see :mod:`xla_plugins.progress`), and
         trace no division by one into each training step (see :mod:`xla_plugins.closure`).
 
+        A LightningModule compiled with a ``torch.compile`` backend that cannot compile XLA tensors
+        is refused first (:func:`xla_plugins._compile_backend.check_compile_backend`).
+
         Raises:
             ValueError: ``XLA_PLUGINS_METRIC_READS`` or ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is invalid.
+            RuntimeError: the module was compiled with ``backend="inductor"`` (torch's default).
         """
         from xla_plugins import closure, metrics, progress
+        from xla_plugins._compile_backend import check_compile_backend
+
+        check_compile_backend(trainer.lightning_module)
 
         closure.install(trainer)
         if metrics.install(trainer):
