@@ -192,7 +192,10 @@ class XLAPrecision(_XLAPrecisionBehaviour, _LightningXLAPrecision):  # type: ign
         closure = partial(self._xla_wrap_closure, optimizer, closure)
         closure = partial(self._wrap_closure, model, optimizer, closure)
         closure_result = optimizer.step(closure=closure, **kwargs)
-        torch_xla.sync()
+        # Under manual optimization this runs inside `training_step`, where a profiler (Lightning's
+        # XLAProfiler: torch_xla.debug.profiler.Trace) may hold a scope open; resetting the IR scopes
+        # then fails ("Expecting scope to be empty", Lightning #20206). The scope closes with the hook.
+        torch_xla.sync(reset_scope=model.automatic_optimization)
         if model.automatic_optimization and closure_result is None:
             raise MisconfigurationException(
                 "`training_step` returned None, which skips backward. Skipping backward is not supported on XLA"

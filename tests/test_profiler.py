@@ -1,0 +1,62 @@
+"""Lightning's XLAProfiler with manual optimization (Lightning #20206: the first `opt.step()` failed with
+"Expecting scope to be empty but it is [Strategy]...training_step", on every XLA strategy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_python
+
+pytestmark = pytest.mark.xla
+
+SCRIPT = """
+import json, socket, torch, lightning as L
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.profilers import XLAProfiler
+
+class Manual(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = self.step(batch)
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+def fit(strategy, devices, profiled):
+    L.seed_everything(0)
+    model = Manual()
+    trainer = L.Trainer(accelerator="tpu", devices=devices, strategy=strategy, max_steps=3, limit_val_batches=0,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        profiler=XLAProfiler(port=free_port()) if profiled else None)
+    trainer.fit(model)
+    return [x for p in model.parameters() for x in p.detach().cpu().flatten().tolist()]
+
+print(json.dumps({f"{s} {str(p).lower()}": fit(s, d, p) for s, d in STRATEGIES for p in (True, False)}))
+"""
+
+
+@pytest.mark.parametrize(
+    "strategies",
+    [
+        pytest.param([("single_xla", 1)], id="single_xla"),
+        pytest.param([("xla_spmd", 4), ("xla_fsdp_v2", 4)], id="spmd", marks=pytest.mark.slow),
+    ],
+)
+def test_xla_profiler_with_manual_optimization_trains_to_the_weights_of_the_plain_run(strategies):
+    result = run_python(
+        f"STRATEGIES = {strategies!r}\n" + SCRIPT, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=600
+    )
+    runs = json.loads(result.stdout.splitlines()[-1])
+    for strategy, _ in strategies:
+        assert runs[f"{strategy} true"] == runs[f"{strategy} false"]
