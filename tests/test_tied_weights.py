@@ -115,3 +115,12 @@ def test_a_fabric_optimizer_holds_the_tied_parameter_once_and_only_the_models_pa
     assert [(run["optimizer"], run["optimizer_on_model"]) for run in report["xla"]["fabric"]] == [
         (CPU_PARAMETERS, True)
     ] * 2
+
+
+@pytest.mark.slow
+def test_the_tie_survives_resuming_from_a_sharded_xla_fsdp_v2_checkpoint(reports):
+    """The sharded format loads through torch.distributed.checkpoint; the resumed weights equal the CPU's
+    resumed from the full checkpoint of the same first run."""
+    report = reports("xla_fsdp_v2")
+    assert [(run["count"], run["tied"]) for run in report["sharded"]] == [(CPU_PARAMETERS, True)] * 3
+    assert largest_difference(report["sharded"][2], report["cpu"]["trainer"][2]) <= ATOL

@@ -3,10 +3,10 @@
 A tiny language model whose output layer shares the embedding's weight (``dec.weight = emb.weight``)
 is trained twice in a row, then resumed from the first run's checkpoint, with the Trainer and with
 Fabric on the given strategy; the same runs on plain Lightning on the CPU give the reference. The
-report (``<out>/report.json``) holds, per API, the parameter count and whether the tie holds after
-each run, and the largest difference from the CPU weights. Run as a script (``__main__``), as XLA
-launching needs: the CPU runs come last, since a backward pass in this process would be inherited,
-half set up, by forked workers of the spawn strategy.
+report (``<out>/report.json``) holds, per API, the parameter count, whether the tie holds and the
+weights after each run (on ``xla_fsdp_v2`` also the Trainer's runs with sharded checkpoints). Run as
+a script (``__main__``), as XLA launching needs: the CPU runs come last, since a backward pass in
+this process would be inherited, half set up, by forked workers of the spawn strategy.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def fabric_runs(fabric: L.Fabric, separately: bool) -> list[dict]:
     return [fabric_loop(fabric, model, separately), fabric_loop(fabric, model, False)]
 
 
-def strategies(name: str, api: str):
+def strategies(name: str, api: str, **options):
     """The strategy flag for ``name``: the registered name, or (SPMD) an instance whose loader batch is global."""
     if name in ("single_xla", "xla"):
         return name
@@ -145,7 +145,7 @@ def strategies(name: str, api: str):
         ("xla_fsdp_v2", "fabric"): FabricXLAFSDPv2Strategy,
     }
     cls = classes[(name, api)]
-    return (lambda: cls(batch="global")) if api == "trainer" else cls(batch="global")
+    return (lambda: cls(batch="global", **options)) if api == "trainer" else cls(batch="global", **options)
 
 
 def main() -> None:
@@ -163,6 +163,9 @@ def main() -> None:
     report: dict = {}
 
     xla = trainer_runs(strategies(args.strategy, "trainer"), args.devices, "xla", os.path.join(args.out, "xla"))
+    if args.strategy == "xla_fsdp_v2":  # the sharded checkpoint format has a load path of its own
+        sharded = strategies(args.strategy, "trainer", state_dict_type="sharded")
+        report["sharded"] = trainer_runs(sharded, args.devices, "xla", os.path.join(args.out, "sharded"))["runs"]
     fabric = L.Fabric(accelerator="xla", devices=args.devices, strategy=strategies(args.strategy, "fabric"))
     fabric_xla = fabric.launch(fabric_runs, separately)
     report["xla"] = {"trainer": xla["runs"], "fabric": fabric_xla}
