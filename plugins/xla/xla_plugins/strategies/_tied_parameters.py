@@ -57,7 +57,7 @@ class MovesModelKeepingTies:
 
     model: Any
     lightning_module: Any
-    root_device: torch.device
+    root_device: Any
 
     def model_to_device(self) -> None:
         """Move the model to the root device, keeping its ties (:func:`move_module`)."""
@@ -78,7 +78,7 @@ class MovesModuleKeepingTies:
     that wrap the move (seeding, optimizer re-pointing), which call it through ``super()``.
     """
 
-    root_device: torch.device
+    root_device: Any
 
     def module_to_device(self, module: Module) -> None:
         """Move ``module`` to the root device, keeping its ties (:func:`move_module`)."""
