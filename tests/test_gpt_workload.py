@@ -152,6 +152,5 @@ def test_the_example_trains_on_single_xla_through_the_plain_trainer(example_run)
 
 
 @pytest.mark.xla
-@pytest.mark.xfail(strict=True, reason="issue 23 item 1: the tie does not survive fit (the strategy's teardown)")
 def test_the_output_layer_is_still_tied_after_fit(example_run):
     assert example_run.stdout.rstrip("\n").splitlines()[-1].endswith("tied=True")

@@ -15,7 +15,6 @@ from lightning.fabric.plugins import XLACheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.strategy import TBroadcast
-from lightning.pytorch.utilities import find_shared_parameters, set_shared_parameters
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 from torch.nn import Module
@@ -24,6 +23,7 @@ from xla_plugins import _runtime, _world
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._hosts import HostGroup
 from xla_plugins.strategies._reduce import reduce_op_name
+from xla_plugins.strategies._tied_parameters import move_module
 
 #: Name of the mesh axis the batch is sharded over.
 DATA_AXIS = "data"
@@ -265,14 +265,11 @@ class _OneProcessOverAMesh:
         return tensor if isinstance(tensor, Tensor) else torch.tensor(tensor, device=self.root_device)
 
     def _place_module(self, module: Module) -> Module:
-        """``module`` on the virtual device, its parameters replicated on every device of the mesh.
+        """``module`` on the virtual device, its parameters replicated on every device of the mesh, ties kept.
 
         The sharded strategies wrap it instead (:class:`~xla_plugins.strategies.xla_fsdp_v2.XLAFSDPv2Strategy`).
         """
-        shared = find_shared_parameters(module)
-        module.to(self.root_device)
-        set_shared_parameters(module, shared)
-        return module
+        return move_module(module, self.root_device)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``decision`` of every host combined with ``all`` (default) or ``any``, as Lightning's ``ParallelStrategy``.

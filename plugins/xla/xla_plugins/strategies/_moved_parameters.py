@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch.nn import Module
 from torch.optim import Optimizer
 from torch.utils.weak import WeakIdKeyDictionary
@@ -21,19 +19,23 @@ class KeepsOptimizersOnMovedParameters:
     in ``fabric.setup(model, optimizer)`` and in ``fabric.setup_optimizers(optimizer)`` after
     ``fabric.setup_module(model)``. An optimizer created from the set-up module's parameters needs
     nothing. An optimizer still holding a parameter that is not on an XLA device afterwards fails
-    loudly (:meth:`setup_optimizer`).
+    loudly (:meth:`setup_optimizer`). The move itself is the next ``module_to_device`` in the MRO
+    (:class:`~xla_plugins.strategies._tied_parameters.MovesModuleKeepingTies`, which keeps tied
+    parameters tied, so an optimizer sees a tied parameter once before and after).
     """
-
-    root_device: Any
 
     def _replacements(self) -> WeakIdKeyDictionary:
         return self.__dict__.setdefault("_replaced_parameters", WeakIdKeyDictionary())
 
     def module_to_device(self, module: Module) -> None:
-        """Move ``module`` to ``root_device``, remembering which parameter replaced which."""
-        before = dict(module.named_parameters())
-        module.to(self.root_device)
-        after = dict(module.named_parameters())
+        """Move ``module`` (the next ``module_to_device`` in the MRO), remembering which parameter replaced which.
+
+        Every name of a tied parameter is looked at, so an optimizer holding the tied parameter once
+        holds the moved one once.
+        """
+        before = dict(module.named_parameters(remove_duplicate=False))
+        super().module_to_device(module)  # type: ignore[misc]
+        after = dict(module.named_parameters(remove_duplicate=False))
         replaced = self._replacements()
         for name, old in before.items():
             if after[name] is not old:

@@ -12,13 +12,13 @@ from typing import Any, Optional, Union
 
 import torch
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.utilities import find_shared_parameters, set_shared_parameters
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 from torch.nn import Module
 
 from xla_plugins import _torch_xla_contract
 from xla_plugins.strategies._sharded_checkpoints import save_sharded
+from xla_plugins.strategies._tied_parameters import move_module
 
 #: Mesh axis the parameters are sharded over (torch_xla's SPMD FSDP requires this name).
 FSDP_AXIS = "fsdp"
@@ -206,9 +206,7 @@ class _ShardsParameters:
         from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
         from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
-        shared = find_shared_parameters(module)
-        module.to(self.root_device)
-        set_shared_parameters(module, shared)
+        move_module(module, self.root_device)  # tied parameters stay tied (one parameter, sharded once)
         if self.activation_checkpointing_policy:
             for child in module.modules():
                 if isinstance(child, tuple(self.activation_checkpointing_policy)) and child is not module:
@@ -226,7 +224,8 @@ class _ShardsParameters:
                 if each is not wrapper:
                     parent, name = parents[id(each.module)]
                     self._wrapped.append((parent, name, each.module))
-        module.to(self.root_device)  # the wrapper moved it to device 'xla'; device properties name xla:0 again
+        # the wrapper moved it to device 'xla'; device properties name xla:0 again
+        move_module(module, self.root_device)
         return wrapper
 
     def _save_sharded(self, path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any]) -> None:

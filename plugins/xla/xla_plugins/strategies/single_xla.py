@@ -16,6 +16,7 @@ from xla_plugins import _runtime
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
+from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
 DeviceLike = Union[torch.device, str, int, None]
 
@@ -34,7 +35,9 @@ def xla_device(device: DeviceLike) -> torch.device:
     return torch_xla.device(index)
 
 
-class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(
+    RunsPendingEvaluationWork, SeedsDeviceAtSetup, MovesModelKeepingTies, _LightningSingleDeviceXLAStrategy
+):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets
@@ -72,7 +75,10 @@ class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _Li
 
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
-    SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _LightningFabricSingleDeviceXLAStrategy
+    SeedsDeviceWithModule,
+    KeepsOptimizersOnMovedParameters,
+    MovesModuleKeepingTies,
+    _LightningFabricSingleDeviceXLAStrategy,
 ):
     """Strategy of ``lightning.Fabric`` for one XLA device (registered as ``"single_xla"``).
 

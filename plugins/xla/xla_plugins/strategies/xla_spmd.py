@@ -17,9 +17,12 @@ from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
+from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
 
-class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy):  # type: ignore[misc]
+class XLASPMDStrategy(  # type: ignore[misc]
+    RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, MovesModelKeepingTies, ParallelStrategy
+):
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
     ``torch_xla.runtime.use_spmd()`` turns the devices into one virtual device; the strategy builds a
@@ -79,11 +82,6 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
             _optimizers_to_device(self.optimizers, self.root_device)
 
     @override
-    def model_to_device(self) -> None:
-        assert self.model is not None
-        self.model.to(self.root_device)  # parameters stay replicated on every device of the mesh
-
-    @override
     def process_dataloader(self, dataloader: object) -> object:
         """Yield one global batch per step (:meth:`global_batches`); :meth:`batch_to_device` shards it.
 
@@ -115,7 +113,11 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
 
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
-    _OneProcessOverAMesh, SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _FabricParallelStrategy
+    _OneProcessOverAMesh,
+    SeedsDeviceWithModule,
+    KeepsOptimizersOnMovedParameters,
+    MovesModuleKeepingTies,
+    _FabricParallelStrategy,
 ):
     """Fabric's counterpart of :class:`XLASPMDStrategy` (``"xla_spmd"``).
 
