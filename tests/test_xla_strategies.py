@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from importlib.metadata import PackageNotFoundError
 from unittest import mock
 
 import pytest
@@ -235,8 +236,14 @@ def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_f
     from xla_plugins import _doctor, _runtime
 
     versions = {"torch": "2.9.1", "torch_xla": "2.9.0"}
-    monkeypatch.setattr(_runtime, "version", versions.__getitem__)  # what the checks read
-    monkeypatch.setattr(_doctor, "version", versions.__getitem__)  # what doctor shows
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise PackageNotFoundError(name)  # torch_tpu, torchax, ...: not installed
+        return versions[name]
+
+    monkeypatch.setattr(_runtime, "version", version)  # what the checks read
+    monkeypatch.setattr(_doctor, "version", version)  # what doctor shows
     _runtime._check_versions.cache_clear()  # the real pair may have been checked (and cached) already
     try:
         info = _doctor.describe()
