@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -34,7 +35,9 @@ def xla_device(device: DeviceLike) -> torch.device:
     return torch_xla.device(index)
 
 
-class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(
+    RunsPendingEvaluationWork, CorrectsBatchNormAtSetup, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy
+):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets
@@ -72,7 +75,10 @@ class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _Li
 
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
-    SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _LightningFabricSingleDeviceXLAStrategy
+    CorrectsBatchNormWithModule,
+    SeedsDeviceWithModule,
+    KeepsOptimizersOnMovedParameters,
+    _LightningFabricSingleDeviceXLAStrategy,
 ):
     """Strategy of ``lightning.Fabric`` for one XLA device (registered as ``"single_xla"``).
 

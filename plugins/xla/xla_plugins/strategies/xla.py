@@ -13,6 +13,7 @@ from torch import Tensor
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies.launchers import FabricXLALauncher, ReportsProgress, XLALauncher, progress
@@ -95,7 +96,9 @@ class _OneWorkerPerDevice(ReportsProgress):
         super(self._lightning_strategy, self).save_checkpoint(*args, **kwargs)  # type: ignore[arg-type, misc]
 
 
-class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy):  # type: ignore[misc]
+class XLAStrategy(  # type: ignore[misc]
+    RunsPendingEvaluationWork, CorrectsBatchNormAtSetup, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy
+):
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
@@ -133,7 +136,9 @@ class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtS
     reduce = _OneWorkerPerDevice._all_reduce  # Lightning's Trainer name of the reduction
 
 
-class FabricXLAStrategy(_OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFabricXLAStrategy):  # type: ignore[misc]
+class FabricXLAStrategy(  # type: ignore[misc]
+    CorrectsBatchNormWithModule, _OneWorkerPerDevice, SeedsDeviceWithModule, _LightningFabricXLAStrategy
+):
     """Strategy of ``lightning.Fabric`` for all devices of an XLA host (registered as ``"xla"``).
 
     Fabric's counterpart of :class:`XLAStrategy`, with the same changes to Lightning's: this

@@ -193,8 +193,8 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
 
     @override
     def setup_module(self, module: Module) -> Module:
-        """Wrap ``module`` (see :meth:`_ShardsParameters._place_module`)."""
-        return self._place_module(module)
+        """Wrap ``module`` (:meth:`_ShardsParameters._place_module`), then set the wrapper up as ``xla_spmd`` does."""
+        return super().setup_module(self._place_module(module))
 
     @override
     def save_checkpoint(

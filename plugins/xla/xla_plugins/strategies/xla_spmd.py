@@ -13,13 +13,16 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 
 
-class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy):  # type: ignore[misc]
+class XLASPMDStrategy(  # type: ignore[misc]
+    RunsPendingEvaluationWork, CorrectsBatchNormAtSetup, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy
+):
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
     ``torch_xla.runtime.use_spmd()`` turns the devices into one virtual device; the strategy builds a
@@ -108,7 +111,11 @@ class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDevi
 
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
-    _OneProcessOverAMesh, SeedsDeviceWithModule, KeepsOptimizersOnMovedParameters, _FabricParallelStrategy
+    CorrectsBatchNormWithModule,
+    _OneProcessOverAMesh,
+    SeedsDeviceWithModule,
+    KeepsOptimizersOnMovedParameters,
+    _FabricParallelStrategy,
 ):
     """Fabric's counterpart of :class:`XLASPMDStrategy` (``"xla_spmd"``).
 
