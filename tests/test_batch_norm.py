@@ -174,3 +174,23 @@ def spmd_report(tmp_path_factory):
 def test_spmd_strategies_on_4_devices_train_the_cpus_batch_norm_statistics(spmd_report, api, strategy):
     """A global batch of 16 over 4 devices: the statistics are the global batch's, as on one CPU."""
     close_runs(spmd_report[f"{api}_{strategy}"], spmd_report[f"{api}_cpu"])
+
+
+@pytest.mark.slow
+def test_the_spawn_strategy_on_2_devices_trains_each_ranks_cpu_statistics(tmp_path):
+    """``"xla"`` (with tests/xla_cpu_harness.py): each rank's BatchNorm sees its own batch, as DDP; every rank's
+    statistics and predictions equal a CPU copy fed that rank's rows with the gradients averaged."""
+    from xla_cpu_harness import required_environment
+
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "batch_norm.py"), "--spawn", "--out", str(tmp_path)],
+        env={**os.environ, **required_environment(2)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    for rank in ("0", "1"):
+        close_runs(report["trainer_xla"][rank], report["trainer_cpu_replicas"][rank])
+    assert report["trainer_xla"]["0"]["running_var"] != report["trainer_xla"]["1"]["running_var"]

@@ -4,19 +4,22 @@
 (``api="trainer"``) or Fabric (``"fabric"``) and returns the BatchNorm statistics, the trained
 model's evaluation-mode predictions (on the CPU, after training) and whether BatchNorm hooks are
 left on the modules. Run as a script (``--out``, with ``CPU_NUM_DEVICES`` devices) it writes
-``<out>/report.json`` with the CPU reference and the ``xla_spmd`` and ``xla_fsdp_v2`` runs of both APIs.
+``<out>/report.json`` with the CPU reference and the ``xla_spmd`` and ``xla_fsdp_v2`` runs of both APIs;
+with ``--spawn``, the Trainer on ``"xla"`` (tests/xla_cpu_harness.py) per rank and its CPU reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import sys
 
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 GLOBAL_BATCH = 16
 SAMPLES = 64
@@ -101,12 +104,87 @@ def run(api: str, accelerator: str, strategy: object, per_device_batch: int, dev
     return row
 
 
+class ReportsEachRank(L.Callback):
+    """Writes each replica's :func:`report` to ``<out>/rank<r>.json`` when training ends (buffers differ by rank)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trained = net()
+        trained.load_state_dict({k: v.cpu() for k, v in pl_module.net.state_dict().items()})
+        with open(os.path.join(self.out, f"rank{trainer.global_rank}.json"), "w") as file:
+            json.dump(report(trained), file)
+
+
+def spawn_run(devices: int, out: str) -> dict:
+    """The Trainer on ``"xla"`` (one worker per device, each BatchNorm on its own batch, as DDP): each rank's model.
+
+    Each replica's loader batch is ``GLOBAL_BATCH / devices`` rows of the distributed sampler
+    Lightning injects (shuffled, seed 0).
+    """
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import xla_cpu_harness
+
+    xla_cpu_harness.install()
+    torch.manual_seed(0)
+    trainer = L.Trainer(
+        accelerator="xla",
+        devices=devices,
+        strategy="xla",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ReportsEachRank(out)],
+    )
+    trainer.fit(Model(), DataLoader(dataset(), batch_size=GLOBAL_BATCH // devices))
+    ranks = {}
+    for rank in range(devices):
+        with open(os.path.join(out, f"rank{rank}.json")) as file:
+            ranks[str(rank)] = json.load(file)
+    return ranks
+
+
+def replicas_on_the_cpu(devices: int) -> dict:
+    """What each rank of :func:`spawn_run` should hold: one CPU copy of the model per replica, each fed that
+    replica's rows, their gradients averaged (as ``xm.optimizer_step`` averages them) at every step."""
+    torch.manual_seed(0)
+    first = Model().net  # the same initial weights as the Trainer's model
+    copies = [first] + [copy.deepcopy(first) for _ in range(devices - 1)]
+    optimizers = [torch.optim.SGD(c.parameters(), lr=0.01) for c in copies]
+    x, y = dataset().tensors
+    per_device = GLOBAL_BATCH // devices
+    # Lightning's sampler for a training loader on several ranks: shuffled, seed 0, epoch 0
+    shares = [list(DistributedSampler(dataset(), devices, rank, shuffle=True, seed=0)) for rank in range(devices)]
+    for step in range(SAMPLES // GLOBAL_BATCH):
+        for module, share in zip(copies, shares, strict=True):
+            module.zero_grad()
+            mine = share[step * per_device : (step + 1) * per_device]
+            nn.functional.mse_loss(module(x[mine]), y[mine]).backward()
+        for parameters in zip(*(c.parameters() for c in copies), strict=True):
+            mean = torch.stack([p.grad for p in parameters]).mean(0)
+            for p in parameters:
+                p.grad = mean.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+    return {str(rank): report(module) for rank, module in enumerate(copies)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--spawn", action="store_true", help='the "xla" strategy (with tests/xla_cpu_harness.py)')
     args = parser.parse_args()
     devices = int(os.environ["CPU_NUM_DEVICES"])
     rows = {}
+    if args.spawn:
+        rows["trainer_xla"] = spawn_run(devices, args.out)
+        rows["trainer_cpu_replicas"] = replicas_on_the_cpu(devices)
+        with open(os.path.join(args.out, "report.json"), "w") as file:
+            json.dump(rows, file)
+        return
     for api in ("trainer", "fabric"):
         for strategy in ("xla_spmd", "xla_fsdp_v2"):
             rows[f"{api}_{strategy}"] = run(api, "xla", strategy, GLOBAL_BATCH // devices, "auto")
