@@ -61,3 +61,9 @@ def test_the_first_full_save_compiles_at_most_one_program_per_distinct_shape(rep
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 def test_a_repeated_sharded_save_compiles_nothing_either(reports, api):
     assert reports("sharded")[api]["compiled"] == [0, 0, 0]
+
+
+def test_a_fit_saving_top_k_and_last_every_epoch_settles(reports):
+    """ModelCheckpoint(save_top_k=2, save_last=True), 5 epochs: from epoch 3 on, an epoch compiles nothing
+    (it compiled 24 programs every epoch before, 12 a save)."""
+    assert reports("full")["per_epoch"][2:] == [0, 0, 0]

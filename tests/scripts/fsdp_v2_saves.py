@@ -5,7 +5,8 @@ with the Trainer (``trainer.save_checkpoint``) and with Fabric (``fabric.save``)
 ``--format``. Writes ``<out>/report.json``: per API, the programs torch_xla compiled during each
 save (the count of its ``CompileTime`` metric, which every compilation records, torch_xla's
 replication of a sharded tensor for a transfer included), and whether the saved model and Adam
-tensors equal the model's and optimizer's (full format).
+tensors equal the model's and optimizer's (full format); for the full format also the programs compiled
+in each of 5 epochs of a Trainer fit whose ``ModelCheckpoint`` saves the top 2 and the last every epoch.
 """
 
 from __future__ import annotations
@@ -102,6 +103,47 @@ def trainer_run(out: str, state_dict_type: str) -> dict:
     return model.report
 
 
+class CountsEachEpoch(Model):
+    """Logs its epoch loss (ModelCheckpoint monitors it) and counts the programs compiled in each epoch."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self.report.setdefault("per_epoch", [])
+        self.report.setdefault("mark", compilations())
+
+    def on_train_end(self) -> None:
+        self.report["per_epoch"].append(compilations() - self.report["mark"])
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if batch_idx == 0 and self.current_epoch > 0:  # the previous epoch, its checkpoints included
+            self.report["per_epoch"].append(compilations() - self.report["mark"])
+            self.report["mark"] = compilations()
+
+
+def trainer_epochs(out: str, epochs: int = 5) -> list[int]:
+    """Programs compiled per epoch of a fit saving top-2 and last checkpoints (full format) every epoch."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    model = CountsEachEpoch(out, "full")
+    trainer = L.Trainer(
+        accelerator="xla",
+        devices="auto",
+        strategy="xla_fsdp_v2",
+        max_epochs=epochs,
+        callbacks=[ModelCheckpoint(dirpath=os.path.join(out, "epochs"), monitor="loss", save_top_k=2, save_last=True)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, loader())
+    return model.report["per_epoch"]
+
+
 def fabric_run(out: str, state_dict_type: str) -> dict:
     from xla_plugins.strategies.xla_fsdp_v2 import FabricXLAFSDPv2Strategy
 
@@ -137,6 +179,8 @@ def main() -> None:
     parser.add_argument("--format", default="full")
     args = parser.parse_args()
     report = {"trainer": trainer_run(args.out, args.format), "fabric": fabric_run(args.out, args.format)}
+    if args.format == "full":
+        report["per_epoch"] = trainer_epochs(args.out)
     with open(os.path.join(args.out, "report.json"), "w") as file:
         json.dump(report, file)
 
