@@ -79,17 +79,13 @@ class BatchNormVarianceCorrection:
         self._hooked: set[int] = set()
         self._old: dict[int, Tensor] = {}
 
-    @property
-    def modules(self) -> int:
-        """How many modules are hooked."""
-        return len(self._hooked)
-
     def attach(self, model: Module) -> list[str]:
         """Hook ``model``'s ``_BatchNorm`` modules that track running statistics, where torch_xla needs it.
 
         Returns the names of the hooked modules (none when torch_xla updates as PyTorch does, or
-        when the model has none; then nothing is probed either). Warns once, naming the modules,
-        when torch_xla's update is neither PyTorch's nor the known biased one.
+        when the model has none; then nothing is probed either). Logs the hooked modules' names;
+        warns, naming the modules, when torch_xla's update is neither PyTorch's nor the known biased
+        one (and hooks nothing).
         """
         found = [(name, m) for name, m in model.named_modules() if _updates_running_stats(m)]
         if not found:
