@@ -2,7 +2,8 @@
 
 :class:`_ShardsParameters` is the base of both flavours of ``xla_fsdp_v2``
 (:mod:`xla_plugins.strategies.xla_fsdp_v2`), placed before the SPMD strategy of the flavour; the
-``check_*`` functions validate its options, as Lightning's FSDP strategies name them.
+``check_*`` functions validate its options, as Lightning's FSDP strategies name them;
+:func:`gather_full` gathers sharded tensors for the full checkpoint format.
 """
 
 from __future__ import annotations
@@ -110,6 +111,35 @@ def check_policy(policy: Any, name: str, callable_ok: bool) -> Any:
         " or a callable (module, recurse, unwrapped_params)" if callable_ok else ""
     )
     raise TypeError(f"`{name}={policy!r}` is not a policy. Choose {choices}.")
+
+
+def gather_full(state: Any, mesh: Any) -> Any:
+    """``state`` (any collection) with each sharded XLA tensor replaced by the full tensor on the CPU.
+
+    Each tensor is replicated over ``mesh`` by a graph of its own (a copy marked replicated with
+    ``xs.mark_sharding``; XLA's partitioner inserts the all-gather), then read back. The graph
+    depends only on the tensor's shape, dtype and sharding, so torch_xla's graph cache serves
+    every later checkpoint of the same state: nothing is compiled again. torch_xla's own transfer
+    of a sharded tensor (``_xla_get_cpu_tensors``, which Lightning's ``XLACheckpointIO`` uses)
+    compiles a new replicating program for every tensor on every call. One tensor is gathered at a
+    time, so a device holds at most one full tensor beyond its shards. Replicated, unsharded and
+    non-XLA tensors, and everything else, are returned as they are.
+
+    Every host must call it (each runs the same graphs, as SPMD requires).
+    """
+    import torch_xla.distributed.spmd as xs
+
+    def gather(tensor: Tensor) -> Tensor:
+        if tensor.device.type != "xla" or tensor.dim() == 0:
+            return tensor
+        if _torch_xla_contract.sharding_spec(tensor) in ("", "{replicated}"):
+            return tensor
+        with torch.no_grad():
+            copy = tensor * tensor.new_ones(())  # a new value of the same dtype (bool too) to mark replicated
+        xs.mark_sharding(copy, mesh, (None,) * copy.dim())
+        return copy.cpu()
+
+    return apply_to_collection(state, Tensor, gather)
 
 
 def _strip_wrapper_names(module: Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

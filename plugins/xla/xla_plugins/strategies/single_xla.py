@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -36,7 +37,11 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 
 class SingleDeviceXLAStrategy(
-    RunsPendingEvaluationWork, SeedsDeviceAtSetup, MovesModelKeepingTies, _LightningSingleDeviceXLAStrategy
+    RunsPendingEvaluationWork,
+    CorrectsBatchNormAtSetup,
+    SeedsDeviceAtSetup,
+    MovesModelKeepingTies,
+    _LightningSingleDeviceXLAStrategy,
 ):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
@@ -75,6 +80,7 @@ class SingleDeviceXLAStrategy(
 
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
+    CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,
     KeepsOptimizersOnMovedParameters,
     MovesModuleKeepingTies,

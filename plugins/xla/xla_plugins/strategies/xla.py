@@ -13,6 +13,7 @@ from torch import Tensor
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
@@ -97,7 +98,12 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 
 class XLAStrategy(  # type: ignore[misc]
-    RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, MovesModelKeepingTies, _LightningXLAStrategy
+    RunsPendingEvaluationWork,
+    CorrectsBatchNormAtSetup,
+    _OneWorkerPerDevice,
+    SeedsDeviceAtSetup,
+    MovesModelKeepingTies,
+    _LightningXLAStrategy,
 ):
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
@@ -137,7 +143,11 @@ class XLAStrategy(  # type: ignore[misc]
 
 
 class FabricXLAStrategy(  # type: ignore[misc]
-    _OneWorkerPerDevice, SeedsDeviceWithModule, MovesModuleKeepingTies, _LightningFabricXLAStrategy
+    CorrectsBatchNormWithModule,
+    _OneWorkerPerDevice,
+    SeedsDeviceWithModule,
+    MovesModuleKeepingTies,
+    _LightningFabricXLAStrategy,
 ):
     """Strategy of ``lightning.Fabric`` for all devices of an XLA host (registered as ``"xla"``).
 

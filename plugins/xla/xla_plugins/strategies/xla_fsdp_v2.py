@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
-from xla_plugins.strategies._parameter_sharding import _ShardsParameters
+from xla_plugins.strategies._parameter_sharding import _ShardsParameters, gather_full
 from xla_plugins.strategies._sharded_checkpoints import is_sharded_checkpoint, load_sharded, shard_optimizer_state
 from xla_plugins.strategies.xla_spmd import FabricXLASPMDStrategy, XLASPMDStrategy
 
@@ -90,9 +90,16 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
     ) -> None:
-        """Write ``checkpoint`` in the :attr:`state_dict_type` format (see the class docstring)."""
+        """Write ``checkpoint`` in the :attr:`state_dict_type` format (see the class docstring).
+
+        The full format gathers each sharded tensor to the CPU first (:func:`gather_full`), so a repeated
+        save of same-shaped state compiles nothing new.
+        """
         if self.state_dict_type == "full":
-            super().save_checkpoint(checkpoint, filepath, storage_options)
+            import torch_xla
+
+            torch_xla.sync()
+            super().save_checkpoint(gather_full(checkpoint, self._mesh), filepath, storage_options)
             return
         checkpoint = dict(checkpoint)
         tensors = {"state_dict": checkpoint.pop("state_dict")}
@@ -193,8 +200,23 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
 
     @override
     def setup_module(self, module: Module) -> Module:
-        """Wrap ``module`` (see :meth:`_ShardsParameters._place_module`)."""
-        return self._place_module(module)
+        """Wrap ``module`` (:meth:`_ShardsParameters._place_module`), then set the wrapper up as ``xla_spmd`` does."""
+        return super().setup_module(self._place_module(module))
+
+    @override
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        """``module``'s state dict; for the full format each sharded tensor gathered to the CPU (:func:`gather_full`).
+
+        Fabric's ``save_checkpoint`` reads modules through it on every host before global rank 0 writes.
+        """
+        state = super().get_module_state_dict(module)
+        return gather_full(state, self._mesh) if self.state_dict_type == "full" else state
+
+    @override
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """``optimizer``'s state dict; for the full format with each sharded tensor gathered (:func:`gather_full`)."""
+        state = super().get_optimizer_state(optimizer)
+        return gather_full(state, self._mesh) if self.state_dict_type == "full" else state
 
     @override
     def save_checkpoint(

@@ -13,6 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
+from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -21,7 +22,12 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 
 class XLASPMDStrategy(  # type: ignore[misc]
-    RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, MovesModelKeepingTies, ParallelStrategy
+    RunsPendingEvaluationWork,
+    CorrectsBatchNormAtSetup,
+    _OneProcessOverAMesh,
+    SeedsDeviceAtSetup,
+    MovesModelKeepingTies,
+    ParallelStrategy,
 ):
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
@@ -113,6 +119,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
+    CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,
     SeedsDeviceWithModule,
     KeepsOptimizersOnMovedParameters,
