@@ -19,6 +19,7 @@ from torch.nn import Module
 
 from xla_plugins import _torch_xla_contract
 from xla_plugins.strategies._sharded_checkpoints import save_sharded
+from xla_plugins.strategies._silenced_warnings import BACKWARD_BARRIER, silenced
 from xla_plugins.strategies._tied_parameters import move_module
 
 #: Mesh axis the parameters are sharded over (torch_xla's SPMD FSDP requires this name).
@@ -187,6 +188,12 @@ class _ShardsParameters:
         self._wrapped: list[tuple[Module, str, Module]] = []
         self._checkpointed: list[Module] = []
         super().__init__(**kwargs)
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        """The backward pass of the Trainer's or Fabric's strategy, without torch's warning about torch_xla's
+        backward barrier hook at every step (see :mod:`xla_plugins.strategies._silenced_warnings`)."""
+        with silenced(BACKWARD_BARRIER):
+            return super().backward(*args, **kwargs)  # type: ignore[misc]
 
     def _build_mesh(self, count: int) -> Any:
         """The mesh of ``mesh_shape`` (default ``(count,)``) and ``axis_names`` over ``count`` devices.

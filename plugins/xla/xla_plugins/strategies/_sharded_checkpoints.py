@@ -19,6 +19,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from xla_plugins import _torch_xla_contract
+from xla_plugins.strategies._silenced_warnings import SHARDED_CHECKPOINT, silenced
 
 #: File of a sharded checkpoint directory holding everything but the tensors of modules and optimizers.
 METADATA_FILE = "meta.pt"
@@ -55,7 +56,13 @@ def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any],
 
     torch_xla.sync()
     Path(path).mkdir(parents=True, exist_ok=True)
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(path)), planner=SPMDSavePlanner())
+    with silenced(SHARDED_CHECKPOINT):
+        dcp.save(
+            tensors,
+            storage_writer=dcp.FileSystemWriter(str(path)),
+            planner=SPMDSavePlanner(),
+            no_dist=not torch.distributed.is_initialized(),  # one host: no process group to coordinate
+        )
     if write_metadata:
         torch.save(metadata, os.path.join(path, METADATA_FILE))
 
@@ -87,7 +94,13 @@ def load_sharded(path: _PATH, modules: dict[str, Module], optimizers: dict[str, 
             prime_optimizer(optimizer)
     target: dict[str, Any] = {key: module.state_dict() for key, module in modules.items()}
     target.update({key: optimizer.state_dict() for key, optimizer in optimizers.items()})
-    dcp.load(target, storage_reader=dcp.FileSystemReader(str(path)), planner=SPMDLoadPlanner())
+    with silenced(SHARDED_CHECKPOINT):
+        dcp.load(
+            target,
+            storage_reader=dcp.FileSystemReader(str(path)),
+            planner=SPMDLoadPlanner(),
+            no_dist=not torch.distributed.is_initialized(),
+        )
     for key, module in modules.items():
         module.load_state_dict(target[key])
     for key, optimizer in optimizers.items():
