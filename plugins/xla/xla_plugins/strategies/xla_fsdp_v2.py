@@ -240,7 +240,9 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
         if filter:
             raise ValueError("`filter` is not supported with `state_dict_type='sharded'`; use 'full' or no filter.")
         tensors = {k: v.state_dict() for k, v in state.items() if isinstance(v, (Module, Optimizer))}
-        metadata = {k: v for k, v in state.items() if k not in tensors}
+        # other stateful objects (an LR scheduler, which holds the wrapped optimizer) are saved as their
+        # state, as Fabric's own strategies save them; plain values as they are
+        metadata = {k: v.state_dict() if _stateful(v) else v for k, v in state.items() if k not in tensors}
         self._save_sharded(path, tensors, metadata)
 
     @override
@@ -254,7 +256,8 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
     ) -> dict[str, Any]:
         """Read a full or sharded checkpoint into ``state``'s modules and optimizers (Fabric's rules).
 
-        Returns what the checkpoint holds beyond ``state``'s keys; plain values of ``state`` are replaced.
+        Returns what the checkpoint holds beyond ``state``'s keys. Other objects of ``state`` with
+        ``state_dict``/``load_state_dict`` (an LR scheduler) are restored in place, plain values replaced.
 
         Raises:
             KeyError: with ``strict``, a key of ``state`` missing from a sharded checkpoint.
@@ -272,8 +275,15 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
         optimizers = {k: v for k, v in state.items() if isinstance(v, Optimizer)}
         metadata = load_sharded(path, modules, optimizers)
         for key in [k for k in state if k not in modules and k not in optimizers]:
-            if key in metadata:
+            if key in metadata and _stateful(state[key]):
+                state[key].load_state_dict(metadata.pop(key))  # restored in place, as Fabric does
+            elif key in metadata:
                 state[key] = metadata.pop(key)
             elif strict:
                 raise KeyError(f"The sharded checkpoint {str(path)!r} has no {key!r}; it holds {sorted(metadata)}.")
         return metadata
+
+
+def _stateful(value: Any) -> bool:
+    """Whether ``value`` has ``state_dict`` and ``load_state_dict`` (Fabric's ``_Stateful`` protocol)."""
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
