@@ -282,6 +282,6 @@ def test_the_manager_and_the_modules_below_it_import_nothing_above_them():
     imports = core_imports()
     below = {"_records", "_errors", "_controls", "_entries", "_hookspecs", "_isolation", "_spec_checks", "_guard"}
     above = {"_singleton", "_catalog", "_names", "_pins", "_availability", "_is_distributed", "_explanation"}
-    above |= {"_connector", "_lightning", "_cli", "_attach", "_install"}
+    above |= {"_connector", "_lightning", "_lightning_checkpoint", "_lightning_compile", "_cli", "_attach", "_install"}
     for module in below | {"_manager"}:
         assert not imports[module] & above, f"trainer_plugins.{module} imports {imports[module] & above}"

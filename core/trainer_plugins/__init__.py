@@ -18,11 +18,9 @@ _EXPORTS = {
     "trainer_plugins._controls": ("Controls", "configure"),
     "trainer_plugins._explanation": ("Decision", "Explanation"),
     "trainer_plugins._connector": ("Connector",),
+    "trainer_plugins._lightning_checkpoint": ("CHECKPOINT_KEY", "PluginSetCheckpoint", "PluginSetCheckpointConnector"),
     "trainer_plugins._lightning": (
-        "CHECKPOINT_KEY",
         "FabricConnector",
-        "PluginSetCheckpoint",
-        "PluginSetCheckpointConnector",
         "TrainerConnector",
         "TrainerDataConnector",
         "explain",

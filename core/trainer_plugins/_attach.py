@@ -11,35 +11,37 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-#: The module serving each Lightning packaging: ours, and its twin built on the standalone packages.
-ADAPTERS = {
-    "lightning": "trainer_plugins._lightning",
-    "pytorch_lightning": "trainer_plugins._standalone.trainer_plugins._lightning",
-}
+#: Where each Lightning packaging's adapter modules live: ours, and their twins built on the standalone packages.
+ADAPTERS = {"lightning": "trainer_plugins", "pytorch_lightning": "trainer_plugins._standalone.trainer_plugins"}
 #: Lightning's check that a strategy can run a compiled module (a function the trainer module imports).
 COMPILE_CHECK = "_verify_strategy_supports_compile"
-#: (packaging, Lightning module, the class name it builds a connector from, our replacement in the adapter);
+_CONNECTORS, _COMPILE = "_lightning", "_lightning_compile"
+#: (packaging, Lightning module, the name it builds a connector from, (our adapter module, our replacement));
 #: the trainer module's compile check is replaced the same way (a function, called like a class).
-TARGETS = (
-    ("lightning", "lightning.pytorch.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
-    ("lightning", "lightning.pytorch.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
-    ("lightning", "lightning.fabric.fabric", "_Connector", "FabricConnector"),
-    ("lightning", "lightning.pytorch.trainer.trainer", COMPILE_CHECK, "verify_strategy_supports_compile"),
-    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_AcceleratorConnector", "TrainerConnector"),
-    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", "_DataConnector", "TrainerDataConnector"),
-    ("pytorch_lightning", "lightning_fabric.fabric", "_Connector", "FabricConnector"),
-    ("pytorch_lightning", "pytorch_lightning.trainer.trainer", COMPILE_CHECK, "verify_strategy_supports_compile"),
+TARGETS = tuple(
+    (package, module.replace("lightning.pytorch", trainer).replace("lightning.fabric", fabric), name, replacement)
+    for package, trainer, fabric in (
+        ("lightning", "lightning.pytorch", "lightning.fabric"),
+        ("pytorch_lightning", "pytorch_lightning", "lightning_fabric"),
+    )
+    for module, name, replacement in (
+        ("lightning.pytorch.trainer.trainer", "_AcceleratorConnector", (_CONNECTORS, "TrainerConnector")),
+        ("lightning.pytorch.trainer.trainer", "_DataConnector", (_CONNECTORS, "TrainerDataConnector")),
+        ("lightning.fabric.fabric", "_Connector", (_CONNECTORS, "FabricConnector")),
+        ("lightning.pytorch.trainer.trainer", COMPILE_CHECK, (_COMPILE, "verify_strategy_supports_compile")),
+    )
 )
 _originals: dict[tuple[str, str], Any] = {}
 
 
-def _connector_factory(package: str, class_name: str) -> Callable[..., Any]:
-    """A stand-in for Lightning's connector class that builds ours, importing it on first use."""
+def _connector_factory(package: str, replacement: tuple[str, str]) -> Callable[..., Any]:
+    """A stand-in for Lightning's connector class (or function) that calls ours, importing it on first use."""
+    module, class_name = replacement
 
     def build_connector(*args: Any, **kwargs: Any) -> Any:
         from importlib import import_module
 
-        return getattr(import_module(ADAPTERS[package]), class_name)(*args, **kwargs)
+        return getattr(import_module(f"{ADAPTERS[package]}.{module}"), class_name)(*args, **kwargs)
 
     build_connector.trainer_plugins_connector = class_name  # type: ignore[attr-defined]
     return build_connector
@@ -115,15 +117,15 @@ def attach() -> None:
     A Lightning version outside the tested range is left alone: one ``RuntimeWarning`` says so, and
     selecting a plugin's name fails with Lightning's error plus the reason.
     """
-    for package, module_name, attribute, class_name in TARGETS:
+    for package, module_name, attribute, ours in TARGETS:
         module = sys.modules.get(module_name)
         original = getattr(module, attribute, None)
         if original is None or _is_ours(original):  # not imported, still importing, or attached
             continue
         problem = unsupported(package)
         if problem is None:
-            replacement = _connector_factory(package, class_name)
-        elif class_name in ("TrainerDataConnector", "verify_strategy_supports_compile"):
+            replacement = _connector_factory(package, ours)
+        elif ours[1] in ("TrainerDataConnector", "verify_strategy_supports_compile"):
             continue
         else:
             replacement = _gate_factory(package, original, problem)

@@ -20,16 +20,15 @@ from typing import Any, ClassVar
 from lightning.fabric.connector import _Connector
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_only
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile
 from torch.utils.data import BatchSampler
 
 from trainer_plugins._connector import Connector
 from trainer_plugins._explanation import LIGHTNING_RULE
+from trainer_plugins._lightning_checkpoint import PluginSetCheckpointConnector
 from trainer_plugins._names import (
     canonical,
     check_name,
@@ -202,50 +201,6 @@ class _PluginConnectorMixin:
         self.plugin_connector.note(role, choice, self._label_of(role, obj), reason)
 
 
-def verify_strategy_supports_compile(model: Any, strategy: Any) -> None:
-    """Lightning's check that ``strategy`` can run the compiled ``model``, knowing plugin strategies.
-
-    Replaces ``_verify_strategy_supports_compile`` in Lightning's trainer module (see
-    :mod:`trainer_plugins._attach`). A plugin strategy declared with
-    ``StrategyEntry(supports_compile=True)`` is accepted; when Lightning refuses a plugin's strategy,
-    its message (which lists Lightning's strategies only) is followed by the strategies of the same
-    plugin that are declared to support a compiled module.
-
-    Raises:
-        RuntimeError: Lightning's, for a compiled model on a strategy that supports neither.
-    """
-    if getattr(model, "_compiler_ctx", None) is None:
-        return
-    from trainer_plugins import get_catalog
-
-    catalog = get_catalog()
-    claim = catalog.owner_of(strategy, "strategy", "trainer")
-    if claim is None or claim.builtin:
-        _verify_strategy_supports_compile(model, strategy)
-        return
-    if getattr(claim.entry, "supports_compile", False):
-        return
-    try:
-        _verify_strategy_supports_compile(model, strategy)
-    except RuntimeError as error:
-        names = sorted(
-            name
-            for name, other in catalog.claims.get("strategy", {}).items()
-            if other.plugin is claim.plugin
-            and name == other.entry.name
-            and getattr(other.entry, "supports_compile", False)
-        )
-        which = (
-            f"of its strategies, {', '.join(map(repr, names))} {'runs' if len(names) == 1 else 'run'} a compiled"
-            " module; pass the module uncompiled to the others"
-            if names
-            else "none of its strategies runs a compiled module; pass the module uncompiled"
-        )
-        raise RuntimeError(
-            f"{error} Strategy {claim.entry.name!r} comes from plugin {claim.plugin.label}: {which}."
-        ) from error
-
-
 #: Set while :func:`explain` resolves flags: no run starts, so no start-up line is logged.
 _EXPLAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("trainer_plugins_explaining", default=False)
 
@@ -306,62 +261,6 @@ class TrainerDataConnector(_DataConnector):
                 " BatchSampler), or switch injection off with `Trainer(use_distributed_sampler=False)` and shard"
                 " the data across ranks in your batch sampler yourself."
             ) from error
-
-
-#: Checkpoint key under which the resolved plugin set is stored (see :class:`PluginSetCheckpointConnector`).
-CHECKPOINT_KEY = "trainer_plugins"
-
-
-def plugin_set_record(trainer: Any) -> dict[str, Any] | None:
-    """Which plugin, at which version, supplied each role of ``trainer``'s run (``None``: not plugin-aware).
-
-    Returns:
-        ``{"decisions": [Decision as dict, ...], "plugins": [{"name", "distribution", "version", "state"}, ...]}``.
-    """
-    connector = getattr(trainer._accelerator_connector, "plugin_connector", None)
-    if connector is None:
-        return None
-    records = connector.catalog.manager.records.values()
-    return {
-        "decisions": connector.explanation.as_dicts(),
-        "plugins": [
-            {"name": r.name, "distribution": r.distribution, "version": r.version, "state": r.state} for r in records
-        ],
-    }
-
-
-class PluginSetCheckpointConnector(_CheckpointConnector):
-    """Lightning's checkpoint connector, storing the run's plugin set in every full checkpoint.
-
-    Every ``lightning.Trainer`` built by the plugin-aware connectors gets this class for its
-    checkpoint connector (:class:`TrainerDataConnector`). The record sits under
-    ``checkpoint["trainer_plugins"]`` (read it back with ``torch.load(path)["trainer_plugins"]``; see
-    ``plugin_set_record``), added once Lightning has built the checkpoint, in every checkpoint
-    but a weights-only one. It is not a callback: a callback is called on each of Lightning's
-    callback hooks, six a training step, and costs Lightning's hook dispatch each time.
-    """
-
-    def dump_checkpoint(self, weights_only: bool | None = None) -> dict:
-        checkpoint = super().dump_checkpoint(weights_only)
-        record = None if weights_only else plugin_set_record(self.trainer)
-        if record is not None:
-            checkpoint[CHECKPOINT_KEY] = record
-        return checkpoint
-
-
-class PluginSetCheckpoint(Callback):
-    """A callback storing the same record as :class:`PluginSetCheckpointConnector`, from ``on_save_checkpoint``.
-
-    Not added by trainer-plugins any more (the checkpoint connector stores the record); a user who
-    adds it gets the record written by Lightning's callback hook too, before the LightningModule's
-    own ``on_save_checkpoint`` runs. Nothing is stored when the Trainer does not use the
-    plugin-aware connector.
-    """
-
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        record = plugin_set_record(trainer)
-        if record is not None:
-            checkpoint[CHECKPOINT_KEY] = record
 
 
 def is_distributed(run: Any) -> bool:

@@ -33,8 +33,11 @@ from typing import Any, Optional
 PACKAGES = ("lightning", "pytorch_lightning")
 #: Import roots of the unified package and their standalone names (Lightning's own build renames these).
 RENAMES = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric"))
-#: Modules of ours that never get a twin (one registry per process), except the Lightning adapter.
-_SHARED_ROOT, _ADAPTER = "trainer_plugins", "trainer_plugins._lightning"
+#: Modules of ours that never get a twin (one registry per process), except the Lightning adapters.
+_SHARED_ROOT = "trainer_plugins"
+_ADAPTERS = frozenset(
+    {"trainer_plugins._lightning", "trainer_plugins._lightning_checkpoint", "trainer_plugins._lightning_compile"}
+)
 
 __path__: list[str] = []  # a package for the import system: ``trainer_plugins._standalone.<module>`` are the twins
 
@@ -105,7 +108,7 @@ def package_of_module(name: str) -> str:
 
 
 def _is_shared(name: str) -> bool:
-    return (name == _SHARED_ROOT or name.startswith(_SHARED_ROOT + ".")) and name != _ADAPTER
+    return (name == _SHARED_ROOT or name.startswith(_SHARED_ROOT + ".")) and name not in _ADAPTERS
 
 
 def _source(name: str) -> Optional[tuple[str, str]]:
@@ -158,11 +161,11 @@ _twin_answers: dict[str, bool] = {}
 def _needs_twin(name: str) -> bool:
     """Whether module ``name`` of a plugin (or our adapter) imports Lightning, directly or through its package.
 
-    Only modules of installed plugins' packages and :data:`_ADAPTER` are considered: everything else
+    Only modules of installed plugins' packages and :data:`_ADAPTERS` are considered: everything else
     (torch, torch_xla, the standard library) is shared as it is.
     """
     root = name.split(".")[0]
-    if name != _ADAPTER and (_is_shared(name) or root not in _plugin_roots()):
+    if name not in _ADAPTERS and (_is_shared(name) or root not in _plugin_roots()):
         return False
     if name not in _twin_answers:
         _twin_answers[name] = False  # an import cycle back to this module adds nothing
