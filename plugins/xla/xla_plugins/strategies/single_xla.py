@@ -15,6 +15,7 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 from xla_plugins import _runtime
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 
 DeviceLike = Union[torch.device, str, int, None]
@@ -34,7 +35,9 @@ def xla_device(device: DeviceLike) -> torch.device:
     return torch_xla.device(index)
 
 
-class SingleDeviceXLAStrategy(RunsPendingEvaluationWork, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(
+    SavesCheckpointOnStop, RunsPendingEvaluationWork, SeedsDeviceAtSetup, _LightningSingleDeviceXLAStrategy
+):
     """Strategy of ``lightning.Trainer`` for one XLA device (registered as ``"single_xla"``).
 
     Subclasses Lightning's strategy of the same name, so Lightning's XLA code paths apply, but gets

@@ -16,10 +16,13 @@ from xla_plugins.strategies import _batches
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 
 
-class XLASPMDStrategy(RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy):  # type: ignore[misc]
+class XLASPMDStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop, RunsPendingEvaluationWork, _OneProcessOverAMesh, SeedsDeviceAtSetup, ParallelStrategy
+):
     """Data parallelism over all XLA devices from one process, with torch_xla's SPMD mode (``"xla_spmd"``).
 
     ``torch_xla.runtime.use_spmd()`` turns the devices into one virtual device; the strategy builds a

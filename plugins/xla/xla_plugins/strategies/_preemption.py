@@ -1,0 +1,319 @@
+"""The checkpoint of a run told to stop: written when a signal arrives, found again by ``ckpt_path="last"``.
+
+Lightning's Trainer already stops on SIGTERM: its signal handler sets ``trainer.received_sigterm``
+and the training loop raises ``SIGTERMException`` (a ``SystemExit``) once the batch in flight has
+run to its end (optimizer step, ``on_train_batch_end``, the progress counters). It writes no
+checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategies:
+
+* the signals of :data:`SIGNALS_VARIABLE` (beside SIGTERM) stop the run the same way;
+* when the stop reaches the strategy (``on_exception``), one checkpoint of the whole training state
+  is written with Lightning's ``trainer.save_checkpoint`` to :func:`checkpoint_path`, first under a
+  temporary name, then renamed (``os.replace``), so a half-written file never carries the name;
+* one log line names the checkpoint, and the process exits with :func:`exit_status` (128 + the
+  signal number, as a shell reports a process ended by that signal: 143 for SIGTERM);
+* if the checkpoint is not written within :data:`DEADLINE_VARIABLE` seconds of the signal, the
+  process logs that, removes the temporary file and exits at once with the same status.
+
+Resuming stays Lightning's: :class:`StopCheckpointCandidate` is a Lightning
+``OnExceptionCheckpoint`` naming :func:`checkpoint_path`, put among the Trainer's callbacks for the
+one ``fit`` that asks for ``ckpt_path="last"``, so Lightning's own choice of the newest "last"
+checkpoint sees it, whatever ``ModelCheckpoint`` the user has (or none).
+``XLA_PLUGINS_RESUME=auto`` (:data:`RESUME_VARIABLE`) makes ``fit`` without ``ckpt_path`` resume
+that way when the stop checkpoint exists. :class:`InProcessLauncher` is where both happen for the
+strategies that run in the calling process (Lightning calls a strategy's launcher before it
+chooses the checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Optional
+
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.strategies.launchers.launcher import _Launcher
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from xla_plugins import _variables
+from xla_plugins._logging import log
+
+#: Variable naming further signals (comma-separated, e.g. ``SIGUSR1,SIGUSR2``) that stop the run with a checkpoint.
+SIGNALS_VARIABLE = "XLA_PLUGINS_CHECKPOINT_SIGNALS"
+#: Variable setting the seconds from the signal by which the checkpoint must be written.
+DEADLINE_VARIABLE = "XLA_PLUGINS_CHECKPOINT_DEADLINE"
+#: Variable choosing whether ``fit`` without ``ckpt_path`` resumes from the stop checkpoint: ``off`` or ``auto``.
+RESUME_VARIABLE = "XLA_PLUGINS_RESUME"
+#: Seconds from the signal to the written checkpoint: below the 30 s notice of Spot / preemptible VMs.
+DEFAULT_DEADLINE_S = 20.0
+#: File name of the stop checkpoint in ``<default_root_dir>/checkpoints``; it starts with Lightning's
+#: ``ModelCheckpoint.CHECKPOINT_NAME_LAST``, so a ``ModelCheckpoint`` writing to that folder counts it as "last".
+FILENAME = "last-stopped.ckpt"
+#: Signals that may be named in :data:`SIGNALS_VARIABLE` (SIGTERM always stops the run with a checkpoint).
+SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU", "SIGALRM")
+RESUME_CHOICES = ("off", "auto")
+
+
+def checkpoint_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM, then the signals named in :data:`SIGNALS_VARIABLE` (names as in :data:`SIGNAL_CHOICES`, any case,
+    ``SIG`` optional), without repeats.
+
+    Raises:
+        ValueError: a name that is not one of :data:`SIGNAL_CHOICES`; the message names it and the choices.
+    """
+    text = os.environ.get(SIGNALS_VARIABLE, "")
+    chosen = [signal.SIGTERM]
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name = item.upper() if item.upper().startswith("SIG") else "SIG" + item.upper()
+        if name not in SIGNAL_CHOICES or not hasattr(signal, name):
+            raise ValueError(
+                f"{SIGNALS_VARIABLE}={text!r} names {item!r}, which is not a signal the run can stop on: give a"
+                f" comma-separated list of {', '.join(SIGNAL_CHOICES)} (SIGTERM always stops it)."
+            )
+        if getattr(signal, name) not in chosen:
+            chosen.append(getattr(signal, name))
+    return tuple(chosen)
+
+
+def deadline_s() -> float:
+    """Seconds from the signal by which the checkpoint must be written (:data:`DEADLINE_VARIABLE`, default 20).
+
+    Raises:
+        ValueError: not a finite number >= 0 (the message names the value).
+    """
+    return _variables.seconds_from_environment(
+        DEADLINE_VARIABLE, DEFAULT_DEADLINE_S, "the seconds from the stop signal by which the checkpoint is written"
+    )
+
+
+def resume_mode() -> str:
+    """``"off"`` (default, also when empty) or ``"auto"``, from :data:`RESUME_VARIABLE`.
+
+    Raises:
+        ValueError: any other value; the message names it and the choices.
+    """
+    text = os.environ.get(RESUME_VARIABLE, "")
+    mode = text.strip().lower() or "off"
+    if mode not in RESUME_CHOICES:
+        raise ValueError(f"{RESUME_VARIABLE}={text!r} is not valid: give one of {', '.join(RESUME_CHOICES)}.")
+    return mode
+
+
+def exit_status(signum: int) -> int:
+    """The exit status of a run stopped by ``signum``: 128 + its number (143 for SIGTERM), the shell's convention."""
+    return 128 + int(signum)
+
+
+def checkpoint_path(trainer: Any) -> str:
+    """Where the stop checkpoint of ``trainer`` goes: ``<trainer.default_root_dir>/checkpoints/`` :data:`FILENAME`.
+
+    ``default_root_dir`` (the working directory unless given) is the same for every rerun of a
+    script, unlike a logger's ``version_N`` folder, which is new for each run.
+    """
+    return os.path.join(str(trainer.default_root_dir), "checkpoints", FILENAME)
+
+
+class StopCheckpointCandidate(OnExceptionCheckpoint):
+    """Lightning's ``OnExceptionCheckpoint`` naming the stop checkpoint, so that ``ckpt_path="last"`` considers it.
+
+    Lightning's checkpoint connector chooses, for ``ckpt_path="last"``, the newest existing file among
+    every ``OnExceptionCheckpoint.ckpt_path`` and every ``ModelCheckpoint``'s ``last*.ckpt``. This one
+    writes nothing itself (:class:`SavesCheckpointOnStop` does, on the stop signal only).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        path = checkpoint_path(trainer)
+        super().__init__(os.path.dirname(path), os.path.splitext(os.path.basename(path))[0])
+
+    def on_exception(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: only a stop signal writes the checkpoint."""
+
+    def teardown(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the checkpoint stays (Lightning's ``OnExceptionCheckpoint`` removes its own here)."""
+
+
+def _resolve_resume(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> tuple[tuple, dict, bool]:
+    """The arguments of ``trainer.fit``'s inner function with ``ckpt_path`` resolved as the module says.
+
+    Returns ``(args, kwargs, consider)``: ``consider`` says whether the stop checkpoint must be among
+    Lightning's "last" candidates.
+    """
+    mode = resume_mode()  # checked for every trainer function: a bad value fails at once
+    if getattr(function, "__name__", None) != "_fit_impl":
+        return args, kwargs, False
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    ckpt_path = bound.arguments.get("ckpt_path")
+    if ckpt_path is None and mode == "auto" and os.path.isfile(checkpoint_path(trainer)):
+        bound.arguments["ckpt_path"] = "last"
+        log.info(
+            "%s=auto: resuming from the last checkpoint (a stopped run left %s).",
+            RESUME_VARIABLE,
+            checkpoint_path(trainer),
+        )
+        return bound.args, bound.kwargs, True
+    return args, kwargs, ckpt_path == "last"
+
+
+def run_trainer_function(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> Any:
+    """Call ``function(*args, **kwargs)``, a Trainer entry point, with the stop checkpoint among the "last" ones.
+
+    Raises:
+        ValueError: :data:`RESUME_VARIABLE` is invalid.
+    """
+    if trainer is None:
+        return function(*args, **kwargs)
+    args, kwargs, consider = _resolve_resume(function, args, kwargs, trainer)
+    if not consider:
+        return function(*args, **kwargs)
+    candidate = StopCheckpointCandidate(trainer)
+    trainer.callbacks.append(candidate)
+    try:
+        return function(*args, **kwargs)
+    finally:
+        trainer.callbacks.remove(candidate)
+
+
+class InProcessLauncher(_Launcher):
+    """Launcher of the Trainer's XLA strategies that run in the calling process (``single_xla``, ``xla_spmd``, ...).
+
+    Runs the Trainer function here, as Lightning does for a strategy without launcher, through
+    :func:`run_trainer_function`.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """``True``: nothing is started, so notebooks work."""
+        return True
+
+    def launch(self, function: Callable, *args: Any, trainer: Optional[Any] = None, **kwargs: Any) -> Any:
+        return run_trainer_function(function, args, kwargs, trainer)
+
+    def kill(self, signum: Any) -> None:
+        """Nothing: there is no other process."""
+
+
+class _Stop:
+    """One stop request: the signal, and the deadline by which its checkpoint must be written."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.partial_path: Optional[str] = None
+        self._timer: Optional[threading.Timer] = None
+        self._done = threading.Event()
+
+    def received(self, lightning_handler: Any, signum: int, frame: Any) -> None:
+        """Signal handler: note the first signal, start the deadline, let Lightning's SIGTERM handler stop the loop."""
+        if self.signum is None:
+            self.signum = signum
+            seconds = deadline_s()
+            log.warning(
+                "Received %s: the step in flight finishes, then a checkpoint is written (deadline %g s).",
+                signal.Signals(signum).name,
+                seconds,
+            )
+            self._timer = threading.Timer(seconds, self._give_up, args=(seconds,))
+            self._timer.daemon = True
+            self._timer.start()
+        if callable(lightning_handler):
+            lightning_handler(signum, frame)
+
+    def _give_up(self, seconds: float) -> None:
+        if self._done.is_set():
+            return
+        if self.partial_path is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.partial_path)
+        assert self.signum is not None
+        status = exit_status(self.signum)
+        log.error(
+            "Stopped by %s: no checkpoint was written within %g s (%s); earlier checkpoints are unchanged."
+            " Exiting with status %d.",
+            signal.Signals(self.signum).name,
+            seconds,
+            DEADLINE_VARIABLE,
+            status,
+        )
+        os._exit(status)
+
+    def finish(self) -> None:
+        self._done.set()
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class SavesCheckpointOnStop:
+    """Mixin for the Trainer's XLA strategies: a checkpoint of the whole training state when a stop signal arrives.
+
+    See the module docstring for what happens. The signal handlers are installed when training
+    starts (Lightning's ``on_train_start`` strategy hook, after Lightning installed its own) and
+    removed with Lightning's when the run ends; the checkpoint is written from Lightning's
+    ``on_exception`` strategy hook, with the model and optimizers still set up.
+
+    Raises:
+        ValueError: :data:`SIGNALS_VARIABLE` or :data:`DEADLINE_VARIABLE` is invalid (when training starts).
+    """
+
+    lightning_module: Any
+    _stop: Optional[_Stop] = None
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()  # type: ignore[misc]
+        if getattr(self, "_launcher", None) is None:
+            self._launcher = InProcessLauncher(self)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()  # type: ignore[misc]
+        signals = checkpoint_signals()
+        deadline_s()  # a bad value fails now, not when the signal arrives
+        self._stop = _Stop()
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python takes signals on the main thread only; Lightning's handler stays
+        lightning_handler = signal.getsignal(signal.SIGTERM)
+        for signum in signals:
+            signal.signal(signum, partial(self._stop.received, lightning_handler))
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)  # type: ignore[misc]
+        stop = self._stop
+        if stop is None or stop.signum is None or not isinstance(exception, SIGTERMException):
+            return
+        trainer = self.lightning_module.trainer
+        path = checkpoint_path(trainer)
+        status = exit_status(stop.signum)
+        name = signal.Signals(stop.signum).name
+        stop.partial_path = path + ".partial"
+        started = time.monotonic()
+        try:
+            trainer.save_checkpoint(stop.partial_path)
+            if trainer.is_global_zero:
+                os.replace(stop.partial_path, path)
+        except Exception as error:
+            stop.finish()
+            with contextlib.suppress(OSError):
+                os.remove(stop.partial_path)
+            log.error(
+                "Stopped by %s: the checkpoint could not be written (%r). Exiting with status %d.", name, error, status
+            )
+        else:
+            stop.finish()
+            log.warning(
+                "Stopped by %s at global step %d: checkpoint %s written in %.1f s. Resume with"
+                ' trainer.fit(..., ckpt_path="last") or %s=auto. Exiting with status %d.',
+                name,
+                trainer.global_step,
+                path,
+                time.monotonic() - started,
+                RESUME_VARIABLE,
+                status,
+            )
+        exception.code = status  # type: ignore[attr-defined]  # SystemExit's status, re-raised by Lightning
