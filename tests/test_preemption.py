@@ -130,6 +130,7 @@ def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path):
     resumed = run_script(root, CKPT_PATH="last")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
+    assert not stop_checkpoint(root).exists()  # the finished run superseded it: "last" never goes back to it
 
 
 def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint_last(tmp_path):
@@ -143,15 +144,23 @@ def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
-def test_auto_resume_makes_a_plain_rerun_continue_and_without_it_the_rerun_starts_over(tmp_path):
+def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
+    root = tmp_path / "run"
+    assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
+    resumed = run_script(root, XLA_PLUGINS_RESUME="auto")
+    assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
+    assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
+    again = run_script(root, XLA_PLUGINS_RESUME="auto")  # the run finished: the next one starts over
+    assert "Restoring states" not in output(again)
+    assert final_global_step(again) == EPOCHS * BATCHES_PER_EPOCH
+
+
+def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     root = tmp_path / "run"
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
     fresh = run_script(root)
     assert "Restoring states" not in output(fresh)
     assert final_global_step(fresh) == EPOCHS * BATCHES_PER_EPOCH
-    resumed = run_script(root, XLA_PLUGINS_RESUME="auto")
-    assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
-    assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
 def test_auto_resume_without_a_stop_checkpoint_starts_over_silently(tmp_path):

@@ -12,7 +12,9 @@ checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategie
 * one log line names the checkpoint, and the process exits with :func:`exit_status` (128 + the
   signal number, as a shell reports a process ended by that signal: 143 for SIGTERM);
 * if the checkpoint is not written within :data:`DEADLINE_VARIABLE` seconds of the signal, the
-  process logs that, removes the temporary file and exits at once with the same status.
+  process logs that, removes the temporary file and exits at once with the same status;
+* a ``fit`` whose training ends normally removes the stop checkpoint of its folder (a later
+  "last" would otherwise go back to it).
 
 Resuming stays Lightning's: :class:`StopCheckpointCandidate` is a Lightning
 ``OnExceptionCheckpoint`` naming :func:`checkpoint_path`, put among the Trainer's callbacks for the
@@ -36,6 +38,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Optional
 
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -120,6 +124,26 @@ def checkpoint_path(trainer: Any) -> str:
     return os.path.join(str(trainer.default_root_dir), "checkpoints", FILENAME)
 
 
+def _exists(path: str) -> bool:
+    return bool(get_filesystem(path).isfile(path))
+
+
+def _move(source: str, target: str) -> None:
+    """Give ``source`` the name ``target``: ``os.replace`` on a local disk (atomic), else the filesystem's ``mv``."""
+    filesystem = get_filesystem(target)
+    if isinstance(filesystem, LocalFileSystem):
+        os.replace(source, target)
+    else:
+        filesystem.mv(source, target)
+
+
+def _remove(path: str) -> None:
+    filesystem = get_filesystem(path)
+    with contextlib.suppress(OSError, FileNotFoundError):
+        if filesystem.exists(path):
+            filesystem.rm(path)
+
+
 class StopCheckpointCandidate(OnExceptionCheckpoint):
     """Lightning's ``OnExceptionCheckpoint`` naming the stop checkpoint, so that ``ckpt_path="last"`` considers it.
 
@@ -150,7 +174,7 @@ def _resolve_resume(function: Callable, args: tuple, kwargs: dict, trainer: Any)
         return args, kwargs, False
     bound = inspect.signature(function).bind(*args, **kwargs)
     ckpt_path = bound.arguments.get("ckpt_path")
-    if ckpt_path is None and mode == "auto" and os.path.isfile(checkpoint_path(trainer)):
+    if ckpt_path is None and mode == "auto" and _exists(checkpoint_path(trainer)):
         bound.arguments["ckpt_path"] = "last"
         log.info(
             "%s=auto: resuming from the last checkpoint (a stopped run left %s).",
@@ -231,8 +255,7 @@ class _Stop:
         if self._done.is_set():
             return
         if self.partial_path is not None:
-            with contextlib.suppress(OSError):
-                os.remove(self.partial_path)
+            _remove(self.partial_path)
         assert self.signum is not None
         status = exit_status(self.signum)
         log.error(
@@ -282,6 +305,17 @@ class SavesCheckpointOnStop:
         for signum in signals:
             signal.signal(signum, partial(self._stop.received, lightning_handler))
 
+    def on_train_end(self) -> None:
+        """Remove the stop checkpoint of this folder: training ended normally, so it describes a superseded state.
+
+        Left in place, ``ckpt_path="last"`` (and ``XLA_PLUGINS_RESUME=auto``) would take the next
+        run back to that state whenever no newer "last" checkpoint is in sight.
+        """
+        super().on_train_end()  # type: ignore[misc]
+        trainer = self.lightning_module.trainer
+        if trainer.is_global_zero:
+            _remove(checkpoint_path(trainer))
+
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
         stop = self._stop
@@ -296,11 +330,10 @@ class SavesCheckpointOnStop:
         try:
             trainer.save_checkpoint(stop.partial_path)
             if trainer.is_global_zero:
-                os.replace(stop.partial_path, path)
+                _move(stop.partial_path, path)
         except Exception as error:
             stop.finish()
-            with contextlib.suppress(OSError):
-                os.remove(stop.partial_path)
+            _remove(stop.partial_path)
             log.error(
                 "Stopped by %s: the checkpoint could not be written (%r). Exiting with status %d.", name, error, status
             )
