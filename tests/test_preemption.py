@@ -60,8 +60,13 @@ SCRIPT = textwrap.dedent(
     callbacks = None
     if os.environ.get("USER_DIRPATH"):
         callbacks = [ModelCheckpoint(dirpath=os.environ["USER_DIRPATH"], save_last=True)]
+    strategy = os.environ["STRATEGY"]
+    if strategy == "xla_fsdp_v2_sharded":
+        from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy
+
+        strategy = XLAFSDPv2Strategy(state_dict_type="sharded")
     trainer = L.Trainer(
-        accelerator="xla", strategy=os.environ["STRATEGY"], devices="auto" if devices > 1 else 1,
+        accelerator="xla", strategy=strategy, devices="auto" if devices > 1 else 1,
         max_epochs={EPOCHS}, default_root_dir=sys.argv[1], enable_progress_bar=False, callbacks=callbacks,
     )
     ckpt_path = os.environ.get("CKPT_PATH") or None
@@ -97,23 +102,31 @@ def stop_checkpoint(root: Path) -> Path:
     return root / "checkpoints" / _preemption.FILENAME
 
 
+def load(path: Path) -> dict:
+    """A stop checkpoint: one file, or the directory of a sharded one (its ``meta.pt`` holds all but the tensors)."""
+    if path.is_dir():
+        return torch.load(path / "meta.pt", map_location="cpu", weights_only=False) | {"state_dict": "sharded"}
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def assert_stopped_with_a_checkpoint(result: subprocess.CompletedProcess, root: Path, signum: int) -> dict:
     """The run exited with 128 + signum, named its checkpoint once, and the checkpoint holds the step after STOP_AT."""
     text = output(result)
     assert result.returncode == 128 + signum, text
     path = stop_checkpoint(root)
-    assert path.is_file(), text
+    assert path.exists(), text
     assert not Path(str(path) + ".partial").exists()
     lines = [line for line in text.splitlines() if str(path) in line and "written" in line]
     assert len(lines) == 1, text
     assert f"status {128 + signum}" in lines[0]
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = load(path)
     assert checkpoint["global_step"] == STOP_AT + 1  # the step in flight finished
     assert checkpoint["epoch"] == 0
     progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
     assert progress["current"]["completed"] == STOP_AT + 1
     assert progress["is_last_batch"] is False  # mid-epoch
-    assert {"state_dict", "optimizer_states", "lr_schedulers", "callbacks", "trainer_plugins"} <= set(checkpoint)
+    assert {"state_dict", "lr_schedulers", "callbacks", "trainer_plugins"} <= set(checkpoint)
+    assert "optimizer_states" in checkpoint or "optimizer_0" in checkpoint["__sharded_keys__"]
     return checkpoint
 
 
@@ -223,7 +236,7 @@ def test_a_bad_resume_setting_fails_the_fit_before_training(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_fsdp_v2"])
+@pytest.mark.parametrize("strategy", ["xla_spmd", "xla_fsdp_v2", "xla_fsdp_v2_sharded"])
 def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tmp_path, strategy):
     root = tmp_path / "run"
     result = run_script(root, strategy=strategy, devices=4, STOP_AT=str(STOP_AT))
@@ -231,3 +244,18 @@ def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tm
     resumed = run_script(root, strategy=strategy, devices=4, CKPT_PATH="last")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
+
+
+def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_directory(tmp_path):
+    for kind in ("file", "directory"):
+        target, source = tmp_path / f"{kind}.ckpt", tmp_path / f"{kind}.ckpt.partial"
+        for path, text in ((target, "earlier"), (source, "new")):
+            if kind == "file":
+                path.write_text(text)
+            else:
+                path.mkdir()
+                (path / "meta.pt").write_text(text)
+        _preemption._move(str(source), str(target))
+        written = target.read_text() if kind == "file" else (target / "meta.pt").read_text()
+        assert written == "new"
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(kind)) == [f"{kind}.ckpt"]

@@ -125,23 +125,36 @@ def checkpoint_path(trainer: Any) -> str:
 
 
 def _exists(path: str) -> bool:
-    return bool(get_filesystem(path).isfile(path))
+    return bool(get_filesystem(path).exists(path))
 
 
 def _move(source: str, target: str) -> None:
-    """Give ``source`` the name ``target``: ``os.replace`` on a local disk (atomic), else the filesystem's ``mv``."""
+    """Give ``source`` (a file, or the directory of a sharded checkpoint) the name ``target``.
+
+    A file on a local disk is renamed with ``os.replace`` (atomic); an earlier directory of that name
+    is first renamed aside, then removed. Elsewhere the filesystem's ``mv`` moves it.
+    """
     filesystem = get_filesystem(target)
-    if isinstance(filesystem, LocalFileSystem):
-        os.replace(source, target)
-    else:
-        filesystem.mv(source, target)
+    if not isinstance(filesystem, LocalFileSystem):
+        _remove(target)
+        filesystem.mv(source, target, recursive=True)
+        return
+    aside = None
+    if os.path.isdir(target):
+        aside = target + ".old"
+        _remove(aside)
+        os.replace(target, aside)
+    os.replace(source, target)
+    if aside is not None:
+        _remove(aside)
 
 
 def _remove(path: str) -> None:
+    """Remove the file or directory ``path`` if it exists."""
     filesystem = get_filesystem(path)
     with contextlib.suppress(OSError, FileNotFoundError):
         if filesystem.exists(path):
-            filesystem.rm(path)
+            filesystem.rm(path, recursive=True)
 
 
 class StopCheckpointCandidate(OnExceptionCheckpoint):
