@@ -27,12 +27,18 @@ STOP_AT = 3  # the signal is sent inside the training_step of global step 3 (the
 SCRIPT = textwrap.dedent(
     f"""
     import os, signal, sys, time
+    if os.environ.get("HARNESS"):  # the spawn strategy on PJRT CPU: real collectives between replica threads
+        sys.path.insert(0, os.environ["HARNESS"])
+        import xla_cpu_harness
+
+        xla_cpu_harness.install()
     import torch, lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import DataLoader, TensorDataset
 
     STOP_AT = int(os.environ.get("STOP_AT", "-1"))
     SIGNAL = getattr(signal, os.environ.get("STOP_SIGNAL", "SIGTERM"))
+    SIGNAL_TO = os.environ.get("SIGNAL_TO", "this process")  # or "main process" (from a spawn worker's rank 0)
 
     class Model(L.LightningModule):
         def __init__(self):
@@ -40,10 +46,18 @@ SCRIPT = textwrap.dedent(
             self.layer = torch.nn.Linear(4, 1)
 
         def training_step(self, batch, batch_idx):
-            if self.global_step == STOP_AT:
-                os.kill(os.getpid(), SIGNAL)
+            if self.global_step == STOP_AT and self.global_rank == 0:
+                os.kill(os.getppid() if SIGNAL_TO == "main process" else os.getpid(), SIGNAL)
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def on_train_start(self):
+            if self.global_rank == 0:
+                print("START_GLOBAL_STEP", self.global_step, flush=True)
+
+        def on_train_end(self):
+            if self.global_rank == 0:  # printed where rank 0 trained (a spawn worker's copy of the Trainer)
+                print("FINAL_GLOBAL_STEP", self.global_step, flush=True)
 
         def on_save_checkpoint(self, checkpoint):
             if os.environ.get("SLOW_SAVE"):
@@ -71,7 +85,6 @@ SCRIPT = textwrap.dedent(
     )
     ckpt_path = os.environ.get("CKPT_PATH") or None
     trainer.fit(Model(), DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
-    print("FINAL_GLOBAL_STEP", trainer.global_step)
     """
 )
 
@@ -80,7 +93,7 @@ def run_script(root: Path, strategy: str = "single_xla", devices: int = 1, **env
     script = root.parent / "train.py"
     script.write_text(SCRIPT)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PLUGINS_")}
-    environ.update(PJRT_DEVICE="CPU", STRATEGY=strategy, DEVICES=str(devices), **env)
+    environ.update({"PJRT_DEVICE": "CPU", "STRATEGY": strategy, "DEVICES": str(devices), **env})
     if devices > 1:
         environ["CPU_NUM_DEVICES"] = str(devices)
     return subprocess.run(
@@ -92,10 +105,15 @@ def output(result: subprocess.CompletedProcess) -> str:
     return result.stdout + result.stderr
 
 
-def final_global_step(result: subprocess.CompletedProcess) -> int:
+def printed_global_step(result: subprocess.CompletedProcess, when: str) -> int:
+    """The global step rank 0 printed when training started (``"START"``) or ended (``"FINAL"``)."""
     assert result.returncode == 0, output(result)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("FINAL_GLOBAL_STEP")]
+    lines = [line for line in result.stdout.splitlines() if line.startswith(f"{when}_GLOBAL_STEP")]
     return int(lines[-1].split()[1])
+
+
+def final_global_step(result: subprocess.CompletedProcess) -> int:
+    return printed_global_step(result, "FINAL")
 
 
 def stop_checkpoint(root: Path) -> Path:
@@ -109,8 +127,10 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def assert_stopped_with_a_checkpoint(result: subprocess.CompletedProcess, root: Path, signum: int) -> dict:
-    """The run exited with 128 + signum, named its checkpoint once, and the checkpoint holds the step after STOP_AT."""
+def assert_stopped_with_a_checkpoint(
+    result: subprocess.CompletedProcess, root: Path, signum: int, stopped_at: int = STOP_AT + 1
+) -> dict:
+    """The run exited with 128 + signum, named its checkpoint once, and the checkpoint holds step ``stopped_at``."""
     text = output(result)
     assert result.returncode == 128 + signum, text
     path = stop_checkpoint(root)
@@ -120,10 +140,10 @@ def assert_stopped_with_a_checkpoint(result: subprocess.CompletedProcess, root: 
     assert len(lines) == 1, text
     assert f"status {128 + signum}" in lines[0]
     checkpoint = load(path)
-    assert checkpoint["global_step"] == STOP_AT + 1  # the step in flight finished
+    assert checkpoint["global_step"] == stopped_at  # the step in flight finished
     assert checkpoint["epoch"] == 0
     progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
-    assert progress["current"]["completed"] == STOP_AT + 1
+    assert progress["current"]["completed"] == stopped_at
     assert progress["is_last_batch"] is False  # mid-epoch
     assert {"state_dict", "lr_schedulers", "callbacks", "trainer_plugins"} <= set(checkpoint)
     assert "optimizer_states" in checkpoint or "optimizer_0" in checkpoint["__sharded_keys__"]
@@ -142,6 +162,7 @@ def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path):
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
     resumed = run_script(root, CKPT_PATH="last")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
+    assert printed_global_step(resumed, "START") == STOP_AT + 1
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
     assert not stop_checkpoint(root).exists()  # the finished run superseded it: "last" never goes back to it
 
@@ -154,6 +175,7 @@ def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint
     assert (dirpath / "last.ckpt").is_file()
     resumed = run_script(root, CKPT_PATH="last", USER_DIRPATH=str(dirpath))
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
+    assert printed_global_step(resumed, "START") == BATCHES_PER_EPOCH + STOP_AT + 1
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
@@ -162,6 +184,7 @@ def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
     resumed = run_script(root, XLA_PLUGINS_RESUME="auto")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
+    assert printed_global_step(resumed, "START") == STOP_AT + 1
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
     again = run_script(root, XLA_PLUGINS_RESUME="auto")  # the run finished: the next one starts over
     assert "Restoring states" not in output(again)
@@ -173,6 +196,7 @@ def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
     fresh = run_script(root)
     assert "Restoring states" not in output(fresh)
+    assert printed_global_step(fresh, "START") == 0
     assert final_global_step(fresh) == EPOCHS * BATCHES_PER_EPOCH
 
 
@@ -243,6 +267,7 @@ def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tm
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
     resumed = run_script(root, strategy=strategy, devices=4, CKPT_PATH="last")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
+    assert printed_global_step(resumed, "START") == STOP_AT + 1
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
@@ -259,3 +284,21 @@ def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_director
         written = target.read_text() if kind == "file" else (target / "meta.pt").read_text()
         assert written == "new"
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(kind)) == [f"{kind}.ckpt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_to", ["main process", "this process"])
+def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint_and_resume(tmp_path, signal_to):
+    """4 replicas (threads of one worker, tests/xla_cpu_harness.py); the signal goes from rank 0 to the main process
+    or to its own worker: all stop after the batch in flight plus STOP_MARGIN_BATCHES, at one step."""
+    from xla_cpu_harness import required_environment
+
+    root = tmp_path / "run"
+    harness = {**required_environment(4), "HARNESS": str(Path(__file__).parent), "XLA_PLUGINS_REPLICA_TIMEOUT": "120"}
+    result = run_script(root, strategy="xla", devices=4, STOP_AT=str(STOP_AT), SIGNAL_TO=signal_to, **harness)
+    stopped_at = STOP_AT + 1 + _preemption.STOP_MARGIN_BATCHES
+    assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM, stopped_at=stopped_at)
+    resumed = run_script(root, strategy="xla", devices=4, CKPT_PATH="last", **harness)
+    # (Lightning's "Restoring states" line from a worker does not always reach the output: count steps instead)
+    assert printed_global_step(resumed, "START") == stopped_at
+    assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH

@@ -34,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Optional
 
@@ -198,21 +198,27 @@ def _resolve_resume(function: Callable, args: tuple, kwargs: dict, trainer: Any)
     return args, kwargs, ckpt_path == "last"
 
 
-def run_trainer_function(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> Any:
-    """Call ``function(*args, **kwargs)``, a Trainer entry point, with the stop checkpoint among the "last" ones.
+@contextlib.contextmanager
+def resume_arguments(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> Iterator[tuple[tuple, dict]]:
+    """The arguments for ``function``, a Trainer entry point, with the stop checkpoint among the "last" ones.
+
+    Inside the context, ``trainer``'s callbacks hold a :class:`StopCheckpointCandidate` when the
+    ``fit`` asks for ``ckpt_path="last"`` (given, or set by ``XLA_PLUGINS_RESUME=auto``).
 
     Raises:
         ValueError: :data:`RESUME_VARIABLE` is invalid.
     """
     if trainer is None:
-        return function(*args, **kwargs)
+        yield args, kwargs
+        return
     args, kwargs, consider = _resolve_resume(function, args, kwargs, trainer)
     if not consider:
-        return function(*args, **kwargs)
+        yield args, kwargs
+        return
     candidate = StopCheckpointCandidate(trainer)
     trainer.callbacks.append(candidate)
     try:
-        return function(*args, **kwargs)
+        yield args, kwargs
     finally:
         trainer.callbacks.remove(candidate)
 
@@ -221,7 +227,7 @@ class InProcessLauncher(_Launcher):
     """Launcher of the Trainer's XLA strategies that run in the calling process (``single_xla``, ``xla_spmd``, ...).
 
     Runs the Trainer function here, as Lightning does for a strategy without launcher, through
-    :func:`run_trainer_function`.
+    :func:`resume_arguments`.
     """
 
     def __init__(self, strategy: Any) -> None:
@@ -233,10 +239,81 @@ class InProcessLauncher(_Launcher):
         return True
 
     def launch(self, function: Callable, *args: Any, trainer: Optional[Any] = None, **kwargs: Any) -> Any:
-        return run_trainer_function(function, args, kwargs, trainer)
+        with resume_arguments(function, args, kwargs, trainer) as (args, kwargs):
+            return function(*args, **kwargs)
 
     def kill(self, signum: Any) -> None:
         """Nothing: there is no other process."""
+
+
+#: Batches a replica of the spawn strategy runs after the most advanced replica's current one before it stops.
+#: Every replica checks the agreed batch when it starts a batch; with 2, a replica that started its next
+#: batch while the stop was being agreed still stops at the agreed one.
+STOP_MARGIN_BATCHES = 2
+
+
+class _HostStop:
+    """Where the replicas of one host agree on the batch after which they all stop (the spawn strategy).
+
+    Three integers in shared memory, made before the workers fork: the most batches any replica has
+    started, the batch after which all stop (0: none yet) and the signal. A stop request (the signal
+    handler of the main process or of any worker, which inherit it) sets the stop batch to the
+    first plus :data:`STOP_MARGIN_BATCHES`; each replica compares it with its own count when it
+    starts a batch. No device value is read: the check is two reads of shared memory a batch.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._values = context.RawArray("q", 3)
+
+    def request(self, signum: int, frame: Any = None) -> None:
+        """Signal handler: agree on a stop batch, once."""
+        if self._values[1] == 0:
+            self._values[2] = int(signum)
+            self._values[1] = self._values[0] + STOP_MARGIN_BATCHES
+            log.warning(
+                "Received %s: every replica stops after batch %d of this fit, then a checkpoint is written.",
+                signal.Signals(signum).name,
+                self._values[1],
+            )
+
+    def batch_started(self, batches: int) -> Optional[int]:
+        """Record that a replica started its batch number ``batches`` (from 1); the signal if it is the last."""
+        if batches > self._values[0]:
+            self._values[0] = batches
+        stop = self._values[1]
+        return int(self._values[2]) if stop and batches >= stop else None
+
+
+#: The agreement of the spawn strategy's replicas on this host (``None`` outside a spawn launch).
+_host_stop: Optional[_HostStop] = None
+
+
+@contextlib.contextmanager
+def workers_stop_together(context: Any) -> Iterator[None]:
+    """While the spawn strategy's workers run: the stop signals make every replica stop after one agreed batch.
+
+    The main process's handlers, installed here, are inherited by the forked workers, so a signal to
+    the main process or to any worker makes the same request (:class:`_HostStop`).
+
+    Args:
+        context: the ``multiprocessing`` context the workers are started with.
+
+    Raises:
+        ValueError: :data:`SIGNALS_VARIABLE` or :data:`DEADLINE_VARIABLE` is invalid.
+    """
+    global _host_stop
+    signals = checkpoint_signals()
+    deadline_s()
+    outer, _host_stop = _host_stop, _HostStop(context)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, _host_stop.request) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _host_stop = outer
 
 
 class _Stop:
@@ -248,19 +325,26 @@ class _Stop:
         self._timer: Optional[threading.Timer] = None
         self._done = threading.Event()
 
-    def received(self, lightning_handler: Any, signum: int, frame: Any) -> None:
-        """Signal handler: note the first signal, start the deadline, let Lightning's SIGTERM handler stop the loop."""
-        if self.signum is None:
-            self.signum = signum
-            seconds = deadline_s()
+    def start(self, signum: int, what: str = "the step in flight finishes", announce: bool = True) -> None:
+        """Note the first stop signal ``signum`` and start the deadline (later calls change nothing)."""
+        if self.signum is not None:
+            return
+        self.signum = signum
+        seconds = deadline_s()
+        if announce:
             log.warning(
-                "Received %s: the step in flight finishes, then a checkpoint is written (deadline %g s).",
+                "Received %s: %s, then a checkpoint is written (deadline %g s).",
                 signal.Signals(signum).name,
+                what,
                 seconds,
             )
-            self._timer = threading.Timer(seconds, self._give_up, args=(seconds,))
-            self._timer.daemon = True
-            self._timer.start()
+        self._timer = threading.Timer(seconds, self._give_up, args=(seconds,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def received(self, lightning_handler: Any, signum: int, frame: Any) -> None:
+        """Signal handler: :meth:`start`, then Lightning's SIGTERM handler, which stops the loop."""
+        self.start(signum)
         if callable(lightning_handler):
             lightning_handler(signum, frame)
 
@@ -301,6 +385,7 @@ class SavesCheckpointOnStop:
 
     lightning_module: Any
     _stop: Optional[_Stop] = None
+    _batches = 0
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
@@ -312,6 +397,9 @@ class SavesCheckpointOnStop:
         signals = checkpoint_signals()
         deadline_s()  # a bad value fails now, not when the signal arrives
         self._stop = _Stop()
+        self._batches = 0
+        if _host_stop is not None:
+            return  # a replica of the spawn strategy: the replicas agree on the batch (on_train_batch_start)
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only; Lightning's handler stays
         lightning_handler = signal.getsignal(signal.SIGTERM)
@@ -329,8 +417,28 @@ class SavesCheckpointOnStop:
         if trainer.is_global_zero:
             _remove(checkpoint_path(trainer))
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any) -> None:
+        """For a replica of the spawn strategy: stop after this batch if it is the agreed one (:class:`_HostStop`)."""
+        super().on_train_batch_start(batch, batch_idx, *args)  # type: ignore[misc]
+        if _host_stop is None or self._stop is None:
+            return
+        self._batches += 1
+        signum = _host_stop.batch_started(self._batches)
+        if signum is not None:
+            trainer = self.lightning_module.trainer
+            self._stop.start(signum, f"the replicas stop after batch {self._batches}", announce=trainer.is_global_zero)
+            trainer._signal_connector.received_sigterm = True  # Lightning's stop flag
+
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)  # type: ignore[misc]
+        self.save_on_stop(exception)
+
+    def save_on_stop(self, exception: BaseException) -> None:
+        """Write the stop checkpoint if ``exception`` is Lightning's stop after a stop signal; set its exit status.
+
+        Called from Lightning's ``on_exception`` hook, and by the spawn strategy's launcher in each
+        replica (where Lightning calls no ``on_exception``). Every replica takes part.
+        """
         stop = self._stop
         if stop is None or stop.signum is None or not isinstance(exception, SIGTERMException):
             return
@@ -352,14 +460,30 @@ class SavesCheckpointOnStop:
             )
         else:
             stop.finish()
-            log.warning(
-                "Stopped by %s at global step %d: checkpoint %s written in %.1f s. Resume with"
-                ' trainer.fit(..., ckpt_path="last") or %s=auto. Exiting with status %d.',
-                name,
-                trainer.global_step,
-                path,
-                time.monotonic() - started,
-                RESUME_VARIABLE,
-                status,
-            )
+            if trainer.is_global_zero:
+                log.warning(
+                    "Stopped by %s at global step %d: checkpoint %s written in %.1f s. Resume with"
+                    ' trainer.fit(..., ckpt_path="last") or %s=auto. Exiting with status %d.',
+                    name,
+                    trainer.global_step,
+                    path,
+                    time.monotonic() - started,
+                    RESUME_VARIABLE,
+                    status,
+                )
+        if _host_stop is not None:
+            self.barrier("stop checkpoint renamed")  # type: ignore[attr-defined]  # no replica leaves before
         exception.code = status  # type: ignore[attr-defined]  # SystemExit's status, re-raised by Lightning
+        exception.args = (status,)  # the status a copy rebuilt from a worker's report carries
+
+
+def run_saving_on_stop(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` (``trainer._fit_impl`` and the like, in a replica); on Lightning's stop, the
+    stop checkpoint of the function's Trainer (:meth:`SavesCheckpointOnStop.save_on_stop`) before it propagates."""
+    try:
+        return function(*args, **kwargs)
+    except SIGTERMException as exception:
+        strategy = getattr(getattr(function, "__self__", None), "strategy", None)
+        if isinstance(strategy, SavesCheckpointOnStop):
+            strategy.save_on_stop(exception)
+        raise

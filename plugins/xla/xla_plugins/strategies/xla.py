@@ -14,6 +14,7 @@ from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies.launchers import FabricXLALauncher, ReportsProgress, XLALauncher, progress
 
@@ -95,7 +96,9 @@ class _OneWorkerPerDevice(ReportsProgress):
         super(self._lightning_strategy, self).save_checkpoint(*args, **kwargs)  # type: ignore[arg-type, misc]
 
 
-class XLAStrategy(RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy):  # type: ignore[misc]
+class XLAStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop, RunsPendingEvaluationWork, _OneWorkerPerDevice, SeedsDeviceAtSetup, _LightningXLAStrategy
+):
     """Strategy of ``lightning.Trainer`` for all devices of an XLA host (registered as ``"xla"``).
 
     A ``DDPStrategy``-style parallel strategy, as Lightning's ``XLAStrategy`` which it subclasses:
