@@ -85,4 +85,7 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
     PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
     PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
+    # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
+    PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
 )
