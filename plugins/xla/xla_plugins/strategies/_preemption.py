@@ -16,6 +16,15 @@ checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategie
 * a ``fit`` whose training ends normally removes the stop checkpoint of its folder (a later
   "last" would otherwise go back to it).
 
+The spawn strategy (``"xla"``, one worker process per device, or one replica thread per device)
+runs Lightning's loop in replica threads, where Python takes no signal and Lightning installs no
+handler, and calls no ``on_exception`` there. Its replicas agree instead (:class:`_HostStop`,
+:func:`workers_stop_together`): a signal to the main process or to any worker fixes the batch
+after which all replicas of the host stop (up to :data:`STOP_MARGIN_BATCHES` after the one in
+flight), each replica sets Lightning's stop flag when it starts that batch, and the launcher
+writes the checkpoint from every replica (:func:`run_saving_on_stop`). Several hosts are not
+covered: their replicas share no memory.
+
 Resuming stays Lightning's: :class:`StopCheckpointCandidate` is a Lightning
 ``OnExceptionCheckpoint`` naming :func:`checkpoint_path`, put among the Trainer's callbacks for the
 one ``fit`` that asks for ``ckpt_path="last"``, so Lightning's own choice of the newest "last"
