@@ -448,10 +448,14 @@ class SavesCheckpointOnStop:
         Called from Lightning's ``on_exception`` hook, and by the spawn strategy's launcher in each
         replica (where Lightning calls no ``on_exception``). Every replica takes part.
         """
-        stop = self._stop
-        if stop is None or stop.signum is None or not isinstance(exception, SIGTERMException):
+        if not isinstance(exception, SIGTERMException):
             return
+        stop = self._stop = self._stop or _Stop()
         trainer = self.lightning_module.trainer
+        if stop.signum is None:
+            if not trainer.received_sigterm:
+                return
+            stop.signum = signal.SIGTERM  # seen by Lightning's handler alone, before training started
         path = checkpoint_path(trainer)
         status = exit_status(stop.signum)
         name = signal.Signals(stop.signum).name
