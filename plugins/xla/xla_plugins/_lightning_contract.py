@@ -87,5 +87,6 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
     # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
+    PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
     PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
 )

@@ -451,7 +451,10 @@ class SavesCheckpointOnStop:
         if not isinstance(exception, SIGTERMException):
             return
         stop = self._stop = self._stop or _Stop()
-        trainer = self.lightning_module.trainer
+        module = self.lightning_module
+        if module is None or module._trainer is None:
+            return  # the spawn strategy's main process: its replicas wrote the checkpoint
+        trainer = module.trainer
         if stop.signum is None:
             if not trainer.received_sigterm:
                 return
