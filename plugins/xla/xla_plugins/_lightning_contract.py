@@ -50,6 +50,12 @@ METHODS = (
         f"{_FABRIC_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "function", "args", "kwargs", "return_queue", "global_states"),
     ),
+    # xla_plugins.strategies._preemption: the Trainer function its launcher recognises, and its `ckpt_path`
+    PrivateMethod(
+        "lightning.pytorch.trainer.trainer:Trainer._fit_impl",
+        ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path", "weights_only"),
+    ),
+    PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
 )
 
 ATTRIBUTES = (
@@ -60,6 +66,7 @@ ATTRIBUTES = (
     PrivateAttribute(_LOGGER.partition(":")[0] + ":", "_LoggerConnector"),
     PrivateAttribute("lightning.pytorch.strategies.launchers.xla:", "_XLALauncher"),
     PrivateAttribute("lightning.fabric.strategies.launchers.xla:", "_XLALauncher"),
+    PrivateAttribute("lightning.pytorch.strategies.launchers.launcher:", "_Launcher"),
     PrivateAttribute("lightning.pytorch.strategies.launchers.multiprocessing:", "_WorkerOutput"),
     PrivateAttribute("lightning.pytorch.overrides.distributed:", "_IndexBatchSamplerWrapper"),
     PrivateAttribute("lightning.fabric.plugins.precision.utils:", "_convert_fp_tensor"),
@@ -77,4 +84,9 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_computed"),
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
     PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
+    PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
+    # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
+    PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
+    PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
 )

@@ -16,6 +16,7 @@ from xla_plugins import _runtime
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
@@ -37,6 +38,7 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 
 class SingleDeviceXLAStrategy(
+    SavesCheckpointOnStop,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     SeedsDeviceAtSetup,

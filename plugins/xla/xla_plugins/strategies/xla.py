@@ -15,6 +15,7 @@ from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 from xla_plugins.strategies.launchers import FabricXLALauncher, ReportsProgress, XLALauncher, progress
@@ -98,6 +99,7 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 
 class XLAStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneWorkerPerDevice,

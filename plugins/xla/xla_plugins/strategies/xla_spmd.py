@@ -17,11 +17,13 @@ from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, Correct
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
+from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
 
 class XLASPMDStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneProcessOverAMesh,

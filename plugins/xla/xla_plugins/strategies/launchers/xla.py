@@ -12,12 +12,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Optional
 
+import torch.multiprocessing as mp
 from lightning.fabric.strategies.launchers.xla import _XLALauncher as _LightningFabricXLALauncher
 from lightning.pytorch.strategies.launchers.multiprocessing import _WorkerOutput
 from lightning.pytorch.strategies.launchers.xla import _XLALauncher as _LightningXLALauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from xla_plugins.strategies import _preemption
 from xla_plugins.strategies.launchers._failures import run_replica
 from xla_plugins.strategies.launchers._supervisor import spawn_replicas
 from xla_plugins.strategies.launchers._watchdog import _then_progress
@@ -51,9 +53,13 @@ class XLALauncher(_LightningXLALauncher):
             )
         self._main_pid = os.getpid()
         devices = len(self._strategy.parallel_devices or ())
-        worker_output = spawn_replicas(
-            self._wrapping_function, (trainer, function, args, kwargs), devices, self._start_method
-        )
+        with (
+            _preemption.resume_arguments(function, args, kwargs, trainer) as (args, kwargs),
+            _preemption.workers_stop_together(mp.get_context(self._start_method)),
+        ):
+            worker_output = spawn_replicas(
+                self._wrapping_function, (trainer, function, args, kwargs), devices, self._start_method
+            )
         if trainer is None:
             return worker_output
         self._already_fit |= trainer.state.fn == TrainerFn.FITTING
@@ -71,7 +77,7 @@ class XLALauncher(_LightningXLALauncher):
         return_queue: Any,
         channel: Any,
     ) -> None:
-        function = partial(_then_progress, function)
+        function = partial(_then_progress, partial(_preemption.run_saving_on_stop, function))
         replica = partial(super()._wrapping_function, process_idx, trainer, function, args, kwargs, return_queue)
         run_replica(self._main_pid, channel, replica)
 
