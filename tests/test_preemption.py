@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xla_plugins.strategies import _preemption
+from xla_plugins.strategies import _preemption, _stop_checkpoint, _stop_settings
 
 pytestmark = pytest.mark.xla
 
@@ -128,7 +128,7 @@ def final_global_step(result: subprocess.CompletedProcess) -> int:
 
 
 def stop_checkpoint(root: Path) -> Path:
-    return root / "checkpoints" / _preemption.FILENAME
+    return root / "checkpoints" / _stop_settings.FILENAME
 
 
 def load(path: Path) -> dict:
@@ -275,10 +275,10 @@ def test_a_save_past_the_deadline_leaves_no_checkpoint_and_exits_with_the_same_s
 @pytest.mark.parametrize(
     ("variable", "value", "function", "named"),
     [
-        (_preemption.SIGNALS_VARIABLE, "SIGUSR1,SIGFOO", _preemption.checkpoint_signals, "'SIGFOO'"),
-        (_preemption.SIGNALS_VARIABLE, "SIGKILL", _preemption.checkpoint_signals, "'SIGKILL'"),
-        (_preemption.RESUME_VARIABLE, "yes", _preemption.resume_mode, "'yes'"),
-        (_preemption.DEADLINE_VARIABLE, "-3", _preemption.deadline_s, "'-3'"),
+        (_stop_settings.SIGNALS_VARIABLE, "SIGUSR1,SIGFOO", _stop_settings.checkpoint_signals, "'SIGFOO'"),
+        (_stop_settings.SIGNALS_VARIABLE, "SIGKILL", _stop_settings.checkpoint_signals, "'SIGKILL'"),
+        (_stop_settings.RESUME_VARIABLE, "yes", _stop_settings.resume_mode, "'yes'"),
+        (_stop_settings.DEADLINE_VARIABLE, "-3", _stop_settings.deadline_s, "'-3'"),
     ],
 )
 def test_bad_settings_name_the_value_and_the_choices(monkeypatch, variable, value, function, named):
@@ -286,19 +286,19 @@ def test_bad_settings_name_the_value_and_the_choices(monkeypatch, variable, valu
     with pytest.raises(ValueError) as error:
         function()
     assert variable in str(error.value) and named in str(error.value)
-    if function is _preemption.checkpoint_signals:
-        assert ", ".join(_preemption.SIGNAL_CHOICES) in str(error.value)
-    if function is _preemption.resume_mode:
+    if function is _stop_settings.checkpoint_signals:
+        assert ", ".join(_stop_settings.SIGNAL_CHOICES) in str(error.value)
+    if function is _stop_settings.resume_mode:
         assert "off, auto" in str(error.value)
 
 
 def test_settings_read_names_in_any_case_without_repeats(monkeypatch):
-    monkeypatch.setenv(_preemption.SIGNALS_VARIABLE, " usr1, SIGUSR2 ,sigterm,SIGUSR1")
-    assert _preemption.checkpoint_signals() == (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-    monkeypatch.delenv(_preemption.SIGNALS_VARIABLE)
-    assert _preemption.checkpoint_signals() == (signal.SIGTERM,)
-    assert _preemption.resume_mode() == "off"
-    assert _preemption.deadline_s() == _preemption.DEFAULT_DEADLINE_S < 30
+    monkeypatch.setenv(_stop_settings.SIGNALS_VARIABLE, " usr1, SIGUSR2 ,sigterm,SIGUSR1")
+    assert _stop_settings.checkpoint_signals() == (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    monkeypatch.delenv(_stop_settings.SIGNALS_VARIABLE)
+    assert _stop_settings.checkpoint_signals() == (signal.SIGTERM,)
+    assert _stop_settings.resume_mode() == "off"
+    assert _stop_settings.deadline_s() == _stop_settings.DEFAULT_DEADLINE_S < 30
 
 
 def test_a_bad_resume_setting_fails_the_fit_before_training(tmp_path):
@@ -329,7 +329,7 @@ def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_director
             else:
                 path.mkdir()
                 (path / "meta.pt").write_text(text)
-        _preemption._move(str(source), str(target))
+        _stop_checkpoint.move(str(source), str(target))
         written = target.read_text() if kind == "file" else (target / "meta.pt").read_text()
         assert written == "new"
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(kind)) == [f"{kind}.ckpt"]

@@ -5,14 +5,16 @@ and the training loop raises ``SIGTERMException`` (a ``SystemExit``) once the ba
 run to its end (optimizer step, ``on_train_batch_end``, the progress counters). It writes no
 checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategies:
 
-* the signals of :data:`SIGNALS_VARIABLE` (beside SIGTERM) stop the run the same way;
+* the signals named by ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` (beside SIGTERM) stop the run the same way;
 * when the stop reaches the strategy (``on_exception``), one checkpoint of the whole training state
-  is written with Lightning's ``trainer.save_checkpoint`` to :func:`checkpoint_path`, first under a
-  temporary name, then renamed (``os.replace``), so a half-written file never carries the name;
-* one log line names the checkpoint, and the process exits with :func:`exit_status` (128 + the
-  signal number, as a shell reports a process ended by that signal: 143 for SIGTERM);
-* if the checkpoint is not written within :data:`DEADLINE_VARIABLE` seconds of the signal, the
-  process logs that, removes the temporary file and exits at once with the same status;
+  is written with Lightning's ``trainer.save_checkpoint`` to
+  :func:`~xla_plugins.strategies._stop_checkpoint.checkpoint_path`, first under a temporary name,
+  then renamed (``os.replace``), so a half-written file never carries the name;
+* one log line names the checkpoint, and the process exits with
+  :func:`~xla_plugins.strategies._stop_settings.exit_status` (128 + the signal number, as a shell
+  reports a process ended by that signal: 143 for SIGTERM);
+* if the checkpoint is not written within ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` seconds of the
+  signal, the process logs that, removes the temporary file and exits at once with the same status;
 * a ``fit`` whose training ends normally removes the stop checkpoint of its folder (a later
   "last" would otherwise go back to it).
 
@@ -25,20 +27,14 @@ flight), each replica sets Lightning's stop flag when it starts that batch, and 
 writes the checkpoint from every replica (:func:`run_saving_on_stop`). Several hosts are not
 covered: their replicas share no memory.
 
-Resuming stays Lightning's: :class:`StopCheckpointCandidate` is a Lightning
-``OnExceptionCheckpoint`` naming :func:`checkpoint_path`, put among the Trainer's callbacks for the
-one ``fit`` that asks for ``ckpt_path="last"``, so Lightning's own choice of the newest "last"
-checkpoint sees it, whatever ``ModelCheckpoint`` the user has (or none).
-``XLA_PLUGINS_RESUME=auto`` (:data:`RESUME_VARIABLE`) makes ``fit`` without ``ckpt_path`` resume
-that way when the stop checkpoint exists. :class:`InProcessLauncher` is where both happen for the
-strategies that run in the calling process (Lightning calls a strategy's launcher before it
-chooses the checkpoint).
+Resuming stays Lightning's: :mod:`xla_plugins.strategies._stop_checkpoint` shows the checkpoint to
+``ckpt_path="last"``; the settings (signals, deadline, ``XLA_PLUGINS_RESUME``) are in
+:mod:`xla_plugins.strategies._stop_settings`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import signal
 import threading
@@ -47,213 +43,17 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, Optional
 
-from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
-from lightning.pytorch.strategies.launchers.launcher import _Launcher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from xla_plugins import _variables
 from xla_plugins._logging import log
-
-#: Variable naming further signals (comma-separated, e.g. ``SIGUSR1,SIGUSR2``) that stop the run with a checkpoint.
-SIGNALS_VARIABLE = "XLA_PLUGINS_CHECKPOINT_SIGNALS"
-#: Variable setting the seconds from the signal by which the checkpoint must be written.
-DEADLINE_VARIABLE = "XLA_PLUGINS_CHECKPOINT_DEADLINE"
-#: Variable choosing whether ``fit`` without ``ckpt_path`` resumes from the stop checkpoint: ``off`` or ``auto``.
-RESUME_VARIABLE = "XLA_PLUGINS_RESUME"
-#: Seconds from the signal to the written checkpoint: below the 30 s notice of Spot / preemptible VMs.
-DEFAULT_DEADLINE_S = 20.0
-#: File name of the stop checkpoint in ``<default_root_dir>/checkpoints``; it starts with Lightning's
-#: ``ModelCheckpoint.CHECKPOINT_NAME_LAST``, so a ``ModelCheckpoint`` writing to that folder counts it as "last".
-FILENAME = "last-stopped.ckpt"
-#: Signals that may be named in :data:`SIGNALS_VARIABLE` (SIGTERM always stops the run with a checkpoint).
-SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU", "SIGALRM")
-RESUME_CHOICES = ("off", "auto")
-
-
-def checkpoint_signals() -> tuple[signal.Signals, ...]:
-    """SIGTERM, then the signals named in :data:`SIGNALS_VARIABLE` (names as in :data:`SIGNAL_CHOICES`, any case,
-    ``SIG`` optional), without repeats.
-
-    Raises:
-        ValueError: a name that is not one of :data:`SIGNAL_CHOICES`; the message names it and the choices.
-    """
-    text = os.environ.get(SIGNALS_VARIABLE, "")
-    chosen = [signal.SIGTERM]
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name = item.upper() if item.upper().startswith("SIG") else "SIG" + item.upper()
-        if name not in SIGNAL_CHOICES or not hasattr(signal, name):
-            raise ValueError(
-                f"{SIGNALS_VARIABLE}={text!r} names {item!r}, which is not a signal the run can stop on: give a"
-                f" comma-separated list of {', '.join(SIGNAL_CHOICES)} (SIGTERM always stops it)."
-            )
-        if getattr(signal, name) not in chosen:
-            chosen.append(getattr(signal, name))
-    return tuple(chosen)
-
-
-def deadline_s() -> float:
-    """Seconds from the signal by which the checkpoint must be written (:data:`DEADLINE_VARIABLE`, default 20).
-
-    Raises:
-        ValueError: not a finite number >= 0 (the message names the value).
-    """
-    return _variables.seconds_from_environment(
-        DEADLINE_VARIABLE, DEFAULT_DEADLINE_S, "the seconds from the stop signal by which the checkpoint is written"
-    )
-
-
-def resume_mode() -> str:
-    """``"off"`` (default, also when empty) or ``"auto"``, from :data:`RESUME_VARIABLE`.
-
-    Raises:
-        ValueError: any other value; the message names it and the choices.
-    """
-    text = os.environ.get(RESUME_VARIABLE, "")
-    mode = text.strip().lower() or "off"
-    if mode not in RESUME_CHOICES:
-        raise ValueError(f"{RESUME_VARIABLE}={text!r} is not valid: give one of {', '.join(RESUME_CHOICES)}.")
-    return mode
-
-
-def exit_status(signum: int) -> int:
-    """The exit status of a run stopped by ``signum``: 128 + its number (143 for SIGTERM), the shell's convention."""
-    return 128 + int(signum)
-
-
-def checkpoint_path(trainer: Any) -> str:
-    """Where the stop checkpoint of ``trainer`` goes: ``<trainer.default_root_dir>/checkpoints/`` :data:`FILENAME`.
-
-    ``default_root_dir`` (the working directory unless given) is the same for every rerun of a
-    script, unlike a logger's ``version_N`` folder, which is new for each run.
-    """
-    return os.path.join(str(trainer.default_root_dir), "checkpoints", FILENAME)
-
-
-def _exists(path: str) -> bool:
-    return bool(get_filesystem(path).exists(path))
-
-
-def _move(source: str, target: str) -> None:
-    """Give ``source`` (a file, or the directory of a sharded checkpoint) the name ``target``.
-
-    A file on a local disk is renamed with ``os.replace`` (atomic); an earlier directory of that name
-    is first renamed aside, then removed. Elsewhere the filesystem's ``mv`` moves it.
-    """
-    filesystem = get_filesystem(target)
-    if not isinstance(filesystem, LocalFileSystem):
-        _remove(target)
-        filesystem.mv(source, target, recursive=True)
-        return
-    aside = None
-    if os.path.isdir(target):
-        aside = target + ".old"
-        _remove(aside)
-        os.replace(target, aside)
-    os.replace(source, target)
-    if aside is not None:
-        _remove(aside)
-
-
-def _remove(path: str) -> None:
-    """Remove the file or directory ``path`` if it exists."""
-    filesystem = get_filesystem(path)
-    with contextlib.suppress(OSError, FileNotFoundError):
-        if filesystem.exists(path):
-            filesystem.rm(path, recursive=True)
-
-
-class StopCheckpointCandidate(OnExceptionCheckpoint):
-    """Lightning's ``OnExceptionCheckpoint`` naming the stop checkpoint, so that ``ckpt_path="last"`` considers it.
-
-    Lightning's checkpoint connector chooses, for ``ckpt_path="last"``, the newest existing file among
-    every ``OnExceptionCheckpoint.ckpt_path`` and every ``ModelCheckpoint``'s ``last*.ckpt``. This one
-    writes nothing itself (:class:`SavesCheckpointOnStop` does, on the stop signal only).
-    """
-
-    def __init__(self, trainer: Any) -> None:
-        path = checkpoint_path(trainer)
-        super().__init__(os.path.dirname(path), os.path.splitext(os.path.basename(path))[0])
-
-    def on_exception(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: only a stop signal writes the checkpoint."""
-
-    def teardown(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: the checkpoint stays (Lightning's ``OnExceptionCheckpoint`` removes its own here)."""
-
-
-def _resolve_resume(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> tuple[tuple, dict, bool]:
-    """The arguments of ``trainer.fit``'s inner function with ``ckpt_path`` resolved as the module says.
-
-    Returns ``(args, kwargs, consider)``: ``consider`` says whether the stop checkpoint must be among
-    Lightning's "last" candidates.
-    """
-    mode = resume_mode()  # checked for every trainer function: a bad value fails at once
-    if getattr(function, "__name__", None) != "_fit_impl":
-        return args, kwargs, False
-    bound = inspect.signature(function).bind(*args, **kwargs)
-    ckpt_path = bound.arguments.get("ckpt_path")
-    if ckpt_path is None and mode == "auto" and _exists(checkpoint_path(trainer)):
-        bound.arguments["ckpt_path"] = "last"
-        log.info(
-            "%s=auto: resuming from the last checkpoint (a stopped run left %s).",
-            RESUME_VARIABLE,
-            checkpoint_path(trainer),
-        )
-        return bound.args, bound.kwargs, True
-    return args, kwargs, ckpt_path == "last"
-
-
-@contextlib.contextmanager
-def resume_arguments(function: Callable, args: tuple, kwargs: dict, trainer: Any) -> Iterator[tuple[tuple, dict]]:
-    """The arguments for ``function``, a Trainer entry point, with the stop checkpoint among the "last" ones.
-
-    Inside the context, ``trainer``'s callbacks hold a :class:`StopCheckpointCandidate` when the
-    ``fit`` asks for ``ckpt_path="last"`` (given, or set by ``XLA_PLUGINS_RESUME=auto``).
-
-    Raises:
-        ValueError: :data:`RESUME_VARIABLE` is invalid.
-    """
-    if trainer is None:
-        yield args, kwargs
-        return
-    args, kwargs, consider = _resolve_resume(function, args, kwargs, trainer)
-    if not consider:
-        yield args, kwargs
-        return
-    candidate = StopCheckpointCandidate(trainer)
-    trainer.callbacks.append(candidate)
-    try:
-        yield args, kwargs
-    finally:
-        trainer.callbacks.remove(candidate)
-
-
-class InProcessLauncher(_Launcher):
-    """Launcher of the Trainer's XLA strategies that run in the calling process (``single_xla``, ``xla_spmd``, ...).
-
-    Runs the Trainer function here, as Lightning does for a strategy without launcher, through
-    :func:`resume_arguments`.
-    """
-
-    def __init__(self, strategy: Any) -> None:
-        self._strategy = strategy
-
-    @property
-    def is_interactive_compatible(self) -> bool:
-        """``True``: nothing is started, so notebooks work."""
-        return True
-
-    def launch(self, function: Callable, *args: Any, trainer: Optional[Any] = None, **kwargs: Any) -> Any:
-        with resume_arguments(function, args, kwargs, trainer) as (args, kwargs):
-            return function(*args, **kwargs)
-
-    def kill(self, signum: Any) -> None:
-        """Nothing: there is no other process."""
-
+from xla_plugins.strategies._stop_checkpoint import InProcessLauncher, checkpoint_path, move, remove
+from xla_plugins.strategies._stop_settings import (
+    DEADLINE_VARIABLE,
+    RESUME_VARIABLE,
+    checkpoint_signals,
+    deadline_s,
+    exit_status,
+)
 
 #: Batches a replica of the spawn strategy runs after the most advanced replica's current one before it stops.
 #: Every replica checks the agreed batch when it starts a batch; with 2, a replica that started its next
@@ -308,7 +108,7 @@ def workers_stop_together(context: Any) -> Iterator[None]:
         context: the ``multiprocessing`` context the workers are started with.
 
     Raises:
-        ValueError: :data:`SIGNALS_VARIABLE` or :data:`DEADLINE_VARIABLE` is invalid.
+        ValueError: ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` or ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` is invalid.
     """
     global _host_stop
     signals = checkpoint_signals()
@@ -361,7 +161,7 @@ class _Stop:
         if self._done.is_set():
             return
         if self.partial_path is not None:
-            _remove(self.partial_path)
+            remove(self.partial_path)
         assert self.signum is not None
         status = exit_status(self.signum)
         log.error(
@@ -389,10 +189,12 @@ class SavesCheckpointOnStop:
     ``on_exception`` strategy hook, with the model and optimizers still set up.
 
     Raises:
-        ValueError: :data:`SIGNALS_VARIABLE` or :data:`DEADLINE_VARIABLE` is invalid (when training starts).
+        ValueError: ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` or ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` is invalid (when
+            training starts; see :mod:`xla_plugins.strategies._stop_settings`).
     """
 
     lightning_module: Any
+    _launcher: Any  # Lightning's Strategy: Optional[_Launcher]
     _stop: Optional[_Stop] = None
     _batches = 0
 
@@ -424,7 +226,7 @@ class SavesCheckpointOnStop:
         super().on_train_end()  # type: ignore[misc]
         trainer = self.lightning_module.trainer
         if trainer.is_global_zero:
-            _remove(checkpoint_path(trainer))
+            remove(checkpoint_path(trainer))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any) -> None:
         """For a replica of the spawn strategy: stop after this batch if it is the agreed one (:class:`_HostStop`)."""
@@ -467,10 +269,10 @@ class SavesCheckpointOnStop:
         try:
             trainer.save_checkpoint(stop.partial_path)
             if trainer.is_global_zero:
-                _move(stop.partial_path, path)
+                move(stop.partial_path, path)
         except Exception as error:
             stop.finish()
-            _remove(stop.partial_path)
+            remove(stop.partial_path)
             log.error(
                 "Stopped by %s: the checkpoint could not be written (%r). Exiting with status %d.", name, error, status
             )
