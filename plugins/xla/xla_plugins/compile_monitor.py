@@ -49,8 +49,9 @@ import inspect
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
@@ -151,7 +152,10 @@ def budget(strategy_value: Optional[str] = None) -> str:
 
 @dataclass
 class Counts:
-    """Compilations (``UncachedCompile``), compile seconds (``CompileTime``) and transfers (``TransferFromDeviceTime``)."""
+    """Counts of one phase or cause: compilations, compile seconds and device-to-host transfers.
+
+    From torch_xla's counter ``UncachedCompile`` and metrics ``CompileTime`` and ``TransferFromDeviceTime``.
+    """
 
     compilations: int = 0
     compile_s: float = 0.0
@@ -312,8 +316,11 @@ class CompileMonitor(Callback):
         self._causes[key] = total = Counts()
         total.add(delta)
         kind = "host read" if cause[0] == "read" else "late compilation"
+        where = phase.label
+        if kind != "host read" and phase.hook in ("backward", "optimizer_step"):
+            where = f"training_step (its graph ran at {phase.hook})"
         text = (
-            f"XLA compile monitor: {kind} in {phase.label} (call {phase.calls}, after the warm-up of"
+            f"XLA compile monitor: {kind} in {where} (call {phase.calls}, after the warm-up of"
             f" {self.warmup_calls}).\n"
             f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
             f"  why:    {why}\n"
@@ -328,7 +335,7 @@ class CompileMonitor(Callback):
         warnings.warn(text, LateCompilationWarning, stacklevel=2)
 
     def _hook_line(self, phase: Phase) -> Optional[str]:
-        """``file:line`` where the hook that built the phase's graph is defined (the step hook for the step's phases)."""
+        """``file:line`` where the hook that built the phase's graph starts (the step hook for a step's phases)."""
         trainer = self._trainer
         if trainer is None:
             return None
