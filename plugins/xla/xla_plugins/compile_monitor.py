@@ -13,11 +13,16 @@ warm-up reports every new compilation and every host read inside a step, once pe
 ``optimizer_step``, each callback's and the module's hooks, loading the next batch) in
 ``trainer.profiler.profile("<action>")``. For the run, the trainer's profiler is wrapped in
 :class:`PhaseProfiler`, which passes every call on to the user's profiler and, at each action's start
-and stop, reads the three counters (a C++ call each, well under a microsecond). What happened since
-the last boundary belongs to the innermost running action, so every compilation and transfer is
-counted exactly once. Lightning's own loop work between hooks (logging, progress) is counted under
-the enclosing loop action. The profiler route needs no patching of Lightning's functions and sees
-the callback class of each hook; a plain ``Callback`` could only see batch boundaries.
+and stop, reads torch_xla's ``UncachedCompile`` counter (one C++ call, about 0.2 us). Compilations
+since the last boundary belong to the innermost running action, so each is counted exactly once;
+Lightning's own loop work between hooks (logging, progress) is counted under the enclosing loop
+action. The profiler route needs no patching of Lightning's functions and sees the callback class
+of each hook; a plain ``Callback`` sees only its own hooks (the monitor is one too, for each batch's
+shapes). Host reads are counted by the read methods' wrapper (below), in the phase that runs them;
+the ``TransferFromDeviceTime`` metric, which copies its list of up to 1024 samples at each read
+(about 40 us), is read only when the run starts and ends, for the total: the difference is the
+batched reads of Lightning and the plugin (``xm._maybe_convert_to_cpu``: logged metrics, progress
+bar, checkpoints), which go through no tensor method.
 
 **Warm-up.** The first :data:`WARMUP_CALLS` calls of each phase are its warm-up (the first and
 the second step compile the graphs with fresh and then with existing optimizer state; the sanity
@@ -26,8 +31,8 @@ host read from the user's code inside a step, is *late*.
 
 **The user's line.** For host reads, the ``torch.Tensor`` methods that read an XLA tensor to the
 host (:data:`READ_METHODS`) are wrapped while a run is monitored; the wrapper costs one device
-check per call of those methods (never on other tensor operations) and, when the counters show a
-transfer, walks the Python stack to the first frame outside torch, torch_xla and the standard
+check per call of those methods (never on other tensor operations) and, for a late read inside a
+step, walks the Python stack to the first frame outside torch, torch_xla and the standard
 library. A read from Lightning's or this plugin's own code is counted, not reported. For a
 compilation without a read (torch_xla compiles when the step's graph is run, inside Lightning's
 optimizer step), the line is where the hook that built the graph is defined, and the cause comes
@@ -56,9 +61,11 @@ from typing import Any, Optional
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from lightning_utilities import apply_to_collection
 from torch import Tensor
+
+from xla_plugins import _torch_xla_contract
 
 #: Variable that sets the budget: ``warn`` (default), ``error`` or ``off``.
 BUDGET_VARIABLE = "XLA_PLUGINS_RECOMPILES"
@@ -239,8 +246,12 @@ class CompileMonitor(Callback):
         self.reports: list[str] = []
         self._stack: list[Phase] = []
         self._outside = Phase("outside any hook")
-        self._last = read_counters() if trainer is not None else (0, 0.0, 0)
-        self._first = self._last
+        if trainer is not None:
+            self._counter_value, self._metric_data = _torch_xla_contract.metric_readers()
+        #: torch_xla's totals when the run started: (compilations, compile seconds, transfers)
+        self._first = read_counters() if trainer is not None else (0, 0.0, 0)
+        #: compilations and compile seconds counted so far (the transfers are read at the run's end only)
+        self._compilations, self._compile_s = self._first[0], self._first[1]
         self._causes: dict[tuple[str, ...], Counts] = {}
         self._shapes_seen: dict[str, set[tuple]] = {}
         #: input shapes first seen since the last compilation (each a tuple of tensor shapes)
@@ -251,7 +262,9 @@ class CompileMonitor(Callback):
 
     def enter(self, action: str) -> None:
         """A profiler action starts: count what happened so far, then make ``action`` the current phase."""
-        self._flush()
+        # the common case, no compilation since the last boundary, inline: one read of a C++ counter
+        if (self._counter_value("UncachedCompile") or 0) != self._compilations:
+            self._flush()
         phase = self.phases.get(action)
         if phase is None:
             phase = self.phases[action] = Phase(action)
@@ -260,26 +273,30 @@ class CompileMonitor(Callback):
 
     def leave(self, action: str) -> None:
         """A profiler action stops: count what happened in it, then return to the enclosing phase."""
-        self._flush()
+        if (self._counter_value("UncachedCompile") or 0) != self._compilations:
+            self._flush()
         if self._stack and self._stack[-1].action == action:
             self._stack.pop()
 
     def _current(self) -> Phase:
         return self._stack[-1] if self._stack else self._outside
 
-    def _delta(self) -> Counts:
-        now = read_counters()
-        before, self._last = self._last, now
-        return Counts(now[0] - before[0], now[1] - before[1], now[2] - before[2])
-
     def _flush(self, read: Optional[tuple[str, Any]] = None) -> None:
-        """Give the counts since the last boundary to the current phase; report them if late.
+        """Give the compilations since the last boundary, and the host read ``read`` if any, to the current phase.
 
-        ``read`` is ``(method, frame)`` when the counts come from one wrapped read of the user's.
+        ``read`` is ``(method, frame)`` after one wrapped read of an XLA tensor. Reports a late event.
+        The compile seconds (torch_xla's ``CompileTime``, whose sample list makes it dear to read:
+        about 40 us with a full buffer) are read only when the compilation count changed.
         """
-        delta = self._delta()
+        compilations = self._counter_value("UncachedCompile") or 0
+        delta = Counts(compilations - self._compilations, 0.0, 1 if read is not None else 0)
         if not delta:
             return
+        if delta.compilations:
+            compile_time = self._metric_data("CompileTime")
+            compile_s = compile_time[1] / 1e9 if compile_time else 0.0
+            delta.compile_s = compile_s - self._compile_s
+            self._compilations, self._compile_s = compilations, compile_s
         phase = self._current()
         phase.counts.add(delta)
         new_shapes = self._new_shapes
@@ -416,11 +433,14 @@ class CompileMonitor(Callback):
             if p.hook in ("training_step", "validation_step", "test_step", "predict_step")
         )
         step_reads = sum(p.counts.host_reads for p in phases if p.in_step)
+        tensor_reads = sum(p.counts.host_reads for p in phases)
+        last = read_counters()
         return {
             "stage": stage,
-            "compilations": self._last[0] - self._first[0],
-            "compile_s": self._last[1] - self._first[1],
-            "host_reads": self._last[2] - self._first[2],
+            "compilations": last[0] - self._first[0],
+            "compile_s": last[1] - self._first[1],
+            "host_reads": last[2] - self._first[2],
+            "host_reads_not_through_tensor_methods": last[2] - self._first[2] - tensor_reads,
             "late_compilations": sum(p.late_compilations for p in phases),
             "reports": len(self.reports),
             "steps": steps,
@@ -452,6 +472,10 @@ def _summary_lines(summary: dict[str, Any]) -> list[str]:
             f"  {label}: {counts['compilations']} compilation(s), {counts['compile_s']:.2f} s,"
             f" {counts['late_compilations']} late, {counts['host_reads']} host read(s) in {counts['calls']} call(s)"
         )
+    lines.append(
+        f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
+        f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
+    )
     return lines
 
 
@@ -466,14 +490,23 @@ class PhaseProfiler(Profiler):
     def __init__(self, inner: Profiler, monitor: CompileMonitor) -> None:
         super().__init__()
         self.inner, self.monitor = inner, monitor
+        #: whether ``inner`` does anything at start and stop (Lightning's default profiler does not)
+        self._inner_acts = type(inner) is not PassThroughProfiler
+
+    #: Lightning's action names for the monitor's own callback hooks, which it does not watch
+    _OWN_HOOKS = f"[Callback]{CompileMonitor.__qualname__}."
 
     def start(self, action_name: str) -> None:
-        self.monitor.enter(action_name)
-        self.inner.start(action_name)
+        if not action_name.startswith(self._OWN_HOOKS):
+            self.monitor.enter(action_name)
+        if self._inner_acts:
+            self.inner.start(action_name)
 
     def stop(self, action_name: str) -> None:
-        self.inner.stop(action_name)
-        self.monitor.leave(action_name)
+        if self._inner_acts:
+            self.inner.stop(action_name)
+        if not action_name.startswith(self._OWN_HOOKS):
+            self.monitor.leave(action_name)
 
     def summary(self) -> str:
         return self.inner.summary()
@@ -488,7 +521,7 @@ class PhaseProfiler(Profiler):
         self.inner.describe()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "monitor"):
+        if name in ("inner", "monitor", "_inner_acts"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
