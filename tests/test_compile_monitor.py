@@ -72,6 +72,23 @@ def test_print_in_a_callbacks_on_train_batch_end_gives_one_report_naming_the_cal
     assert "printing or formatting a tensor" in report
 
 
+def test_a_branch_on_the_step_number_gives_one_report_of_a_different_graph(tmp_path):
+    report = the_one_report(fit(tmp_path, "branch"))
+    assert report.startswith(f"{MONITOR} late compilation in training_step (its graph ran at optimizer_step) (call 13,")
+    assert "(Model.training_step)" in report
+    assert "why:    a graph that differs from the previous one, with input shapes seen before" in report
+    assert "torch.where" in report
+
+
+def test_a_last_partial_validation_batch_gives_one_report_naming_validation_step(tmp_path):
+    report = the_one_report(fit(tmp_path, "partial-validation"))
+    assert report.startswith(f"{MONITOR} late compilation in validation_step (its graph ran at ")
+    assert "(input shapes that follow other shapes in the same loop)" in report
+    assert "(Model.validation_step)" in report
+    assert "why:    new input shapes (1x5) not seen before in this loop" in report
+    assert "drop_last=True" in report
+
+
 def test_clean_model_gives_no_report_and_the_summary_equals_torch_xlas_counter_deltas(tmp_path):
     outcome = fit(tmp_path, "none")
     assert outcome["error"] is None

@@ -6,6 +6,8 @@ tests/test_compile_monitor.py.
 ``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
 longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
 in ``training_step``. ``callback-print``: a callback prints the loss in ``on_train_batch_end``.
+``branch``: ``training_step`` doubles the loss at step 12 only. ``partial-validation``: validation
+batches of 2 from 5 items, so each validation run ends with a batch of 1.
 Validation runs every epoch, the loss is logged with ``prog_bar=True``, checkpoints are written.
 Prints one JSON line: the monitor's reports and summary, torch_xla's counter deltas over ``fit``
 (compilations, compile seconds, transfers) and the error raised, if any.
@@ -43,6 +45,8 @@ class Model(L.LightningModule):
         if self.trigger == "item":
             if loss.item() > 100:
                 print("large loss")
+        if self.trigger == "branch" and self.global_step == 12:
+            loss = loss * 2  # a Python value (the step number) changes the traced graph once
         self.log("loss", loss, prog_bar=True)
         return loss
 
@@ -87,7 +91,11 @@ def pad_to_longest(items: list[torch.Tensor]) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trigger", default="none", choices=("none", "padding", "item", "callback-print"))
+    parser.add_argument(
+        "--trigger",
+        default="none",
+        choices=("none", "padding", "item", "callback-print", "branch", "partial-validation"),
+    )
     parser.add_argument("--strategy", default="single_xla")
     parser.add_argument("--recompiles", default=None)
     parser.add_argument("--root", default=".")
@@ -122,7 +130,11 @@ def main() -> None:
             trainer.fit(
                 Model(args.trigger),
                 DataLoader(train, batch_size=1, collate_fn=pad_to_longest),
-                DataLoader(Sequences(VAL_ITEMS, growing=False), batch_size=1, collate_fn=pad_to_longest),
+                DataLoader(
+                    Sequences(VAL_ITEMS + (args.trigger == "partial-validation"), growing=False),
+                    batch_size=2 if args.trigger == "partial-validation" else 1,
+                    collate_fn=pad_to_longest,
+                ),
             )
         except Exception as raised:  # noqa: BLE001  # the test checks which
             error = {"type": type(raised).__name__, "message": str(raised), "step": trainer.global_step}

@@ -27,7 +27,10 @@ bar, checkpoints), which go through no tensor method.
 **Warm-up.** The first :data:`WARMUP_CALLS` calls of each phase are its warm-up (the first and
 the second step compile the graphs with fresh and then with existing optimizer state; the sanity
 check's validation batches warm the validation step). After them, a compilation in that phase, or a
-host read from the user's code inside a step, is *late*.
+host read from the user's code inside a step, is *late*. A compilation with input shapes that a
+loop sees after other shapes (a second sequence length, a last partial batch) is late even within
+the warm-up: phases that run once per loop (``on_validation_end``, where the evaluation's pending
+graph runs) would otherwise never leave it.
 
 **The user's line.** For host reads, the ``torch.Tensor`` methods that read an XLA tensor to the
 host (:data:`READ_METHODS`) are wrapped while a run is monitored; the wrapper costs one device
@@ -108,6 +111,14 @@ _STEP_HOOKS = frozenset(
 _SKIPPED = ("torch", "torch_xla", "xla_plugins.compile_monitor", "importlib", "contextlib", "functools", "typing")
 #: Modules whose frames mean Lightning or this plugin asked for the read, not the user.
 _OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
+
+#: The step hook of each loop, by the loop names of :meth:`CompileMonitor._on_batch`.
+_STEP_OF_LOOP = {
+    "train": "training_step",
+    "validation": "validation_step",
+    "test": "test_step",
+    "predict": "predict_step",
+}
 
 _REMEDIES = {
     "shapes": "pad every batch to a fixed length or to a few bucketed lengths (a collate_fn with a fixed"
@@ -254,8 +265,10 @@ class CompileMonitor(Callback):
         self._compilations, self._compile_s = self._first[0], self._first[1]
         self._causes: dict[tuple[str, ...], Counts] = {}
         self._shapes_seen: dict[str, set[tuple]] = {}
-        #: input shapes first seen since the last compilation (each a tuple of tensor shapes)
-        self._new_shapes: list[tuple] = []
+        #: (loop, input shapes) first seen since the last compilation; the shapes are a tuple of tensor shapes
+        self._new_shapes: list[tuple[str, tuple]] = []
+        #: whether one of them is not the first shape its loop saw (a second shape: never warm-up)
+        self._other_shapes = False
         self._reading = False
 
     # -- boundaries -------------------------------------------------------------------------------
@@ -299,10 +312,10 @@ class CompileMonitor(Callback):
             self._compilations, self._compile_s = compilations, compile_s
         phase = self._current()
         phase.counts.add(delta)
-        new_shapes = self._new_shapes
+        new_shapes, other_shapes = self._new_shapes, self._other_shapes
         if delta.compilations:
-            self._new_shapes = []
-        if phase.calls <= self.warmup_calls:
+            self._new_shapes, self._other_shapes = [], False
+        if phase.calls <= self.warmup_calls and not (delta.compilations and other_shapes):
             return
         if read is not None and phase.in_step:
             line = _user_line(read[1])
@@ -317,14 +330,21 @@ class CompileMonitor(Callback):
                 return
         if delta.compilations:
             phase.late_compilations += delta.compilations
+            step_hook = "training_step" if phase.hook in ("backward", "optimizer_step") else None
             if new_shapes:
-                shown = "; ".join(_shapes_text(shapes) for shapes in new_shapes)
+                step_hook = _STEP_OF_LOOP[new_shapes[0][0]]
+                shown = "; ".join(_shapes_text(shapes) for _, shapes in new_shapes)
                 kind, why = "shapes", f"new input shapes ({shown}) not seen before in this loop"
             else:
                 kind, why = "graph", "a graph that differs from the previous one, with input shapes seen before"
-            self._report(phase, (kind,), delta, why, self._hook_line(phase))
+            where = phase.label
+            if step_hook is not None and step_hook != phase.hook:
+                where = f"{step_hook} (its graph ran at {phase.label})"
+            self._report(phase, (kind,), delta, why, self._hook_line(phase, step_hook), where)
 
-    def _report(self, phase: Phase, cause: tuple, delta: Counts, why: str, line: Optional[str]) -> None:
+    def _report(
+        self, phase: Phase, cause: tuple, delta: Counts, why: str, line: Optional[str], where: Optional[str] = None
+    ) -> None:
         key = (phase.action, *cause)
         total = self._causes.get(key)
         if total is not None:
@@ -333,12 +353,13 @@ class CompileMonitor(Callback):
         self._causes[key] = total = Counts()
         total.add(delta)
         kind = "host read" if cause[0] == "read" else "late compilation"
-        where = phase.label
-        if kind != "host read" and phase.hook in ("backward", "optimizer_step"):
-            where = f"training_step (its graph ran at {phase.hook})"
+        when = (
+            f"call {phase.calls}, after the warm-up of {self.warmup_calls}"
+            if phase.calls > self.warmup_calls
+            else "input shapes that follow other shapes in the same loop"
+        )
         text = (
-            f"XLA compile monitor: {kind} in {where} (call {phase.calls}, after the warm-up of"
-            f" {self.warmup_calls}).\n"
+            f"XLA compile monitor: {kind} in {where or phase.label} ({when}).\n"
             f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
             f"  why:    {why}\n"
             f"  cost:   {total.compilations} compilation(s), {total.compile_s:.2f} s compiling so far for this cause;"
@@ -351,13 +372,15 @@ class CompileMonitor(Callback):
             raise LateCompilationError(text)
         warnings.warn(text, LateCompilationWarning, stacklevel=2)
 
-    def _hook_line(self, phase: Phase) -> Optional[str]:
-        """``file:line`` where the hook that built the phase's graph starts (the step hook for a step's phases)."""
+    def _hook_line(self, phase: Phase, step_hook: Optional[str] = None) -> Optional[str]:
+        """``file:line`` where the hook that built the phase's graph starts: ``step_hook`` of the module if given."""
         trainer = self._trainer
         if trainer is None:
             return None
         hook, owner = phase.hook, trainer.lightning_module
-        if phase.action.startswith("[Callback]"):
+        if step_hook is not None:
+            hook = step_hook
+        elif phase.action.startswith("[Callback]"):
             key = phase.action[len("[Callback]") :].rpartition(".")[0]
             owner = next((c for c in trainer.callbacks if c.state_key == key), None)
         elif hook in ("backward", "optimizer_step", "optimizer_zero_grad", "run_training_batch") or "_next" in hook:
@@ -391,8 +414,9 @@ class CompileMonitor(Callback):
         signature = tuple(shapes)
         seen = self._shapes_seen.setdefault(loop, set())
         if signature not in seen:
+            self._other_shapes = self._other_shapes or bool(seen)
             seen.add(signature)
-            self._new_shapes.append(signature)
+            self._new_shapes.append((loop, signature))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._on_batch("train", batch)
