@@ -112,6 +112,9 @@ _SKIPPED = ("torch", "torch_xla", "xla_plugins.compile_monitor", "importlib", "c
 #: Modules whose frames mean Lightning or this plugin asked for the read, not the user.
 _OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
 
+#: Lightning's profiler action names for the monitor's own callback hooks, which are not phases.
+_OWN_HOOKS = "[Callback]CompileMonitor."
+
 #: The step hook of each loop, by the loop names of :meth:`CompileMonitor._on_batch`.
 _STEP_OF_LOOP = {
     "train": "training_step",
@@ -274,8 +277,13 @@ class CompileMonitor(Callback):
     # -- boundaries -------------------------------------------------------------------------------
 
     def enter(self, action: str) -> None:
-        """A profiler action starts: count what happened so far, then make ``action`` the current phase."""
-        # the common case, no compilation since the last boundary, inline: one read of a C++ counter
+        """A profiler action starts: count what happened so far, then make ``action`` the current phase.
+
+        The monitor's own callback hooks are not phases. Everything is inline (one Python call per
+        boundary): the common case, no compilation since the last boundary, reads one C++ counter.
+        """
+        if action.startswith(_OWN_HOOKS):
+            return
         if (self._counter_value("UncachedCompile") or 0) != self._compilations:
             self._flush()
         phase = self.phases.get(action)
@@ -286,6 +294,8 @@ class CompileMonitor(Callback):
 
     def leave(self, action: str) -> None:
         """A profiler action stops: count what happened in it, then return to the enclosing phase."""
+        if action.startswith(_OWN_HOOKS):
+            return
         if (self._counter_value("UncachedCompile") or 0) != self._compilations:
             self._flush()
         if self._stack and self._stack[-1].action == action:
@@ -514,23 +524,17 @@ class PhaseProfiler(Profiler):
     def __init__(self, inner: Profiler, monitor: CompileMonitor) -> None:
         super().__init__()
         self.inner, self.monitor = inner, monitor
-        #: whether ``inner`` does anything at start and stop (Lightning's default profiler does not)
-        self._inner_acts = type(inner) is not PassThroughProfiler
-
-    #: Lightning's action names for the monitor's own callback hooks, which it does not watch
-    _OWN_HOOKS = f"[Callback]{CompileMonitor.__qualname__}."
+        if type(inner) is PassThroughProfiler:
+            # Lightning's default profiler does nothing at start and stop: go to the monitor directly
+            self.start, self.stop = monitor.enter, monitor.leave  # type: ignore[method-assign]
 
     def start(self, action_name: str) -> None:
-        if not action_name.startswith(self._OWN_HOOKS):
-            self.monitor.enter(action_name)
-        if self._inner_acts:
-            self.inner.start(action_name)
+        self.monitor.enter(action_name)
+        self.inner.start(action_name)
 
     def stop(self, action_name: str) -> None:
-        if self._inner_acts:
-            self.inner.stop(action_name)
-        if not action_name.startswith(self._OWN_HOOKS):
-            self.monitor.leave(action_name)
+        self.inner.stop(action_name)
+        self.monitor.leave(action_name)
 
     def summary(self) -> str:
         return self.inner.summary()
@@ -545,7 +549,7 @@ class PhaseProfiler(Profiler):
         self.inner.describe()
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "monitor", "_inner_acts"):
+        if name in ("inner", "monitor"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
