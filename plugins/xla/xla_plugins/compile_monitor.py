@@ -645,10 +645,12 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
     if isinstance(trainer.profiler, PhaseProfiler):  # left by a run that raised
         trainer.profiler = trainer.profiler.inner
+    monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
         _unwrap_reads()
+        if monitor is not None:  # left by an earlier run of this trainer: it must not report on this one
+            trainer.callbacks.remove(monitor)
         return None
-    monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if monitor is None:
         monitor = CompileMonitor(chosen)
         trainer.callbacks.append(monitor)
