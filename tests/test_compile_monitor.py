@@ -185,3 +185,34 @@ def test_item_in_training_step_on_xla_spmd_over_4_devices_gives_the_same_report(
     report = the_one_report(fit(tmp_path, "item", "--strategy", "xla_spmd", devices=4))
     assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
     assert "`if loss.item() > 100:`" in report
+
+
+def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_removes_the_monitor():
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import os, torch, lightning as L
+        from lightning.pytorch.demos.boring_classes import BoringModel
+        from xla_plugins.compile_monitor import CompileMonitor
+
+        class Model(BoringModel):
+            def test_step(self, batch, batch_idx):
+                self.log("test_loss", self.step(batch))
+
+        model = Model()
+        trainer = L.Trainer(accelerator="tpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=2,
+                            limit_test_batches=3, limit_predict_batches=3, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(model); trainer.validate(model); trainer.test(model); trainer.predict(model)
+        os.environ["XLA_PLUGINS_RECOMPILES"] = "off"
+        trainer.test(model)
+        print("monitors:", len([c for c in trainer.callbacks if isinstance(c, CompileMonitor)]))
+        print("item:", torch.Tensor.item.__qualname__)
+        """,
+        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None},
+    )
+    output = result.stdout + result.stderr
+    stages = [line.split("(")[1].split(")")[0] for line in output.splitlines() if line.startswith(MONITOR[:-1] + " (")]
+    assert stages == ["fit", "validate", "test", "predict"]  # the last test ran with the monitor off
+    assert "monitors: 0" in output and "item: TensorBase.item" in output
