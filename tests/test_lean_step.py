@@ -22,11 +22,10 @@ pytestmark = pytest.mark.xla
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "step_counts.py"
 
 
-@pytest.fixture(scope="module")
-def per_step() -> dict:
-    environ = {**os.environ, "PJRT_DEVICE": "CPU"}
+def step_counts(modes: str, recompiles: str) -> dict:
+    environ = {**os.environ, "PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": recompiles}
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--modes", "raw,plugin,lightning"],
+        [sys.executable, str(SCRIPT), "--modes", modes],
         env=environ,
         capture_output=True,
         text=True,
@@ -34,6 +33,18 @@ def per_step() -> dict:
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.splitlines()[-1])["per_step"]
+
+
+@pytest.fixture(scope="module")
+def per_step() -> dict:
+    """The counts with the compile monitor off: the step's own budget (the monitor's is its own test)."""
+    return step_counts("raw,plugin,lightning", "off")
+
+
+@pytest.fixture(scope="module")
+def per_step_monitored() -> dict:
+    """The counts with the compile monitor on (its default, ``XLA_PLUGINS_RECOMPILES=warn``)."""
+    return step_counts("plugin", "warn")
 
 
 def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
@@ -113,3 +124,20 @@ def test_the_plugin_adds_a_handful_of_python_calls_a_step_to_lightnings_own_xla_
     # hook dispatch on six hooks a step (the checkpoint record's callback did: 94 more).
     assert plugin["python_calls_by_owner"]["xla_plugins"] <= 12, plugin["python_calls_by_owner"]
     assert plugin["python_calls"] - lightning["python_calls"] <= 20, (plugin["python_calls"], lightning["python_calls"])
+
+
+def test_the_compile_monitor_adds_no_device_work_and_two_python_calls_per_hook_call(per_step, per_step_monitored):
+    unwatched, watched = per_step["plugin"], per_step_monitored["plugin"]
+    # the same graph, syncs, compilations and transfers: the monitor reads counters, never the device
+    for name in ("graph_nodes", "syncs", "graphs_executed", "transfers_to_device", "device_data_handles"):
+        assert watched[name] == unwatched[name], name
+    assert watched.get("compilations", 0) == 0 and watched.get("transfers_from_device", 0) == 0, watched
+    # at each of Lightning's profiled hook calls (about 32 a step on this loop) the monitor's
+    # start and stop run one Python call each, which reads one torch_xla counter; Lightning's
+    # dispatch of the monitor's own callback hooks adds its own calls
+    added = watched["python_calls_by_owner"]["xla_plugins"] - unwatched["python_calls_by_owner"]["xla_plugins"]
+    assert added <= 70, watched["python_calls_by_owner"]
+    assert watched["python_calls"] - unwatched["python_calls"] <= 110, (
+        watched["python_calls"],
+        unwatched["python_calls"],
+    )

@@ -71,6 +71,9 @@ NUM_AVAILABLE_TPU_CHIPS = PrivateName("torch_xla._internal.tpu:num_available_chi
 # the metric reads
 CONVERT_TO_CPU = PrivateName("torch_xla.core.xla_model:_maybe_convert_to_cpu", FUNCTION, ("data", "convert"))
 TENSOR_DEBUG_INFO = PrivateName("torch_xla:_XLAC._get_xla_tensor_debug_info", BINDING, ("arg0",))
+# the compile monitor: torch_xla's counters and metrics, read at every hook boundary
+COUNTER_VALUE = PrivateName("torch_xla:_XLAC._xla_counter_value", BINDING, ("arg0",))
+METRIC_DATA = PrivateName("torch_xla:_XLAC._xla_metric_data", BINDING, ("arg0",))
 # the FSDPv2 strategy: shardings of loaded optimizer state, the wrappers' own attributes
 OP_SHARDING = PrivateName("torch_xla:_XLAC._get_xla_op_sharding", BINDING, ("arg0",))
 SHARDING_SPEC = PrivateName("torch_xla:_XLAC._get_xla_sharding_spec", BINDING, ("arg0",))
@@ -92,6 +95,8 @@ NAMES: tuple[PrivateName, ...] = (
     NUM_AVAILABLE_TPU_CHIPS,
     CONVERT_TO_CPU,
     TENSOR_DEBUG_INFO,
+    COUNTER_VALUE,
+    METRIC_DATA,
     OP_SHARDING,
     SHARDING_SPEC,
     MARK_SHARDING,
@@ -142,6 +147,16 @@ def convert_to_cpu(data: Any) -> Any:
 def tensor_debug_info(tensor: Any) -> str:
     """``torch_xla._XLAC._get_xla_tensor_debug_info``: torch_xla's description of an XLA tensor's state."""
     return str(_resolve(TENSOR_DEBUG_INFO.path)(tensor))
+
+
+def metric_readers() -> tuple[Any, Any]:
+    """``torch_xla._XLAC._xla_counter_value`` and ``_xla_metric_data``, resolved now, to call many times.
+
+    The bindings behind ``torch_xla.debug.metrics.counter_value`` and ``metric_data`` (a counter's
+    value or ``None``; a metric's ``(total samples, accumulator, samples)`` or ``None``), without the
+    Python wrapper: the compile monitor reads them at every hook boundary.
+    """
+    return _resolve(COUNTER_VALUE.path), _resolve(METRIC_DATA.path)
 
 
 def op_sharding(tensor: Any) -> Any:

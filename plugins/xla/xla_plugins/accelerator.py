@@ -52,21 +52,24 @@ class XLAAccelerator(_LightningXLAAccelerator):
     def setup(self, trainer: Any) -> None:
         """Let ``trainer`` read logged metrics at its readers' cadence (see :mod:`xla_plugins.metrics`),
         redraw Lightning's default progress bar by the clock (see :mod:`xla_plugins.progress`), and
-        trace no division by one into each training step (see :mod:`xla_plugins.closure`).
+        trace no division by one into each training step (see :mod:`xla_plugins.closure`), and
+        count compilations and host reads per phase of the loop (see :mod:`xla_plugins.compile_monitor`).
 
         A LightningModule compiled with a ``torch.compile`` backend that cannot compile XLA tensors
         is refused first (:func:`xla_plugins._compile_backend.check_compile_backend`).
 
         Raises:
-            ValueError: ``XLA_PLUGINS_METRIC_READS`` or ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is invalid.
+            ValueError: ``XLA_PLUGINS_METRIC_READS``, ``XLA_PLUGINS_METRIC_READ_INTERVAL``,
+                ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is invalid.
             RuntimeError: the module was compiled with ``backend="inductor"`` (torch's default).
         """
-        from xla_plugins import closure, metrics, progress
+        from xla_plugins import closure, compile_monitor, metrics, progress
         from xla_plugins._compile_backend import check_compile_backend
 
         check_compile_backend(trainer.lightning_module)
 
         closure.install(trainer)
+        compile_monitor.install(trainer)
         if metrics.install(trainer):
             progress.install(trainer)
 

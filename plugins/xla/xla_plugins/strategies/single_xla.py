@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
+from xla_plugins.compile_monitor import check_budget
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -57,8 +58,11 @@ class SingleDeviceXLAStrategy(
         device: the device to run on (see :func:`xla_device`).
         accelerator, checkpoint_io, precision_plugin: as for Lightning's ``SingleDeviceStrategy``.
         debug: set ``PT_XLA_DEBUG=1`` while the strategy is set up (removed at teardown).
+        recompiles: the compile monitor's budget, ``"warn"``, ``"error"`` or ``"off"``; ``None``:
+            ``XLA_PLUGINS_RECOMPILES`` (default ``"warn"``). See :mod:`xla_plugins.compile_monitor`.
 
     Raises:
+        ValueError: ``recompiles`` is not one of those (the message names it and the choices).
         ModuleNotFoundError: torch_xla is not installed.
     """
 
@@ -69,7 +73,9 @@ class SingleDeviceXLAStrategy(
         checkpoint_io: Optional[Any] = None,
         precision_plugin: Optional[Any] = None,
         debug: bool = False,
+        recompiles: Optional[str] = None,
     ) -> None:
+        self.recompiles = check_budget(recompiles)
         # Lightning's own __init__ would call `xm.xla_device`; its parent's does the rest.
         SingleDeviceStrategy.__init__(
             self,

@@ -14,6 +14,7 @@ from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -100,6 +101,7 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 class XLAStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
+    HasCompileBudget,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneWorkerPerDevice,
@@ -134,8 +136,11 @@ class XLAStrategy(  # type: ignore[misc]
         accelerator, parallel_devices, checkpoint_io, precision_plugin: as Lightning's ``XLAStrategy``.
         debug: set ``PT_XLA_DEBUG=1`` in the workers.
         sync_module_states: broadcast rank 0's parameters and buffers at setup.
+        recompiles: the compile monitor's budget (keyword; see
+            :class:`~xla_plugins.strategies._compile_budget.HasCompileBudget`).
 
     Raises:
+        ValueError: ``recompiles`` is not ``"warn"``, ``"error"``, ``"off"`` or ``None``.
         ModuleNotFoundError: torch_xla is not installed.
     """
 

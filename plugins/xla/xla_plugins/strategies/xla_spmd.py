@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -24,6 +25,7 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 class XLASPMDStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
+    HasCompileBudget,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneProcessOverAMesh,
@@ -66,11 +68,14 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
     Args:
         batch: ``"per_device"`` (default) or ``"global"``: what the loader's batch is.
+        recompiles: the compile monitor's budget (see
+            :class:`~xla_plugins.strategies._compile_budget.HasCompileBudget`).
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as for
             Lightning's ``ParallelStrategy`` (keywords).
 
     Raises:
-        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``.
+        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``; ``recompiles`` is not
+            ``"warn"``, ``"error"``, ``"off"`` or ``None``.
         ModuleNotFoundError: torch_xla is not installed.
     """
 

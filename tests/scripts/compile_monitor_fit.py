@@ -1,0 +1,158 @@
+"""A small sequence model fitted on XLA with one trigger of late compilation or host read, for
+tests/test_compile_monitor.py.
+
+    python compile_monitor_fit.py --trigger none|padding|item|callback-print [--strategy S] [--recompiles B]
+
+``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
+longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
+in ``training_step``. ``callback-print``: a callback prints the loss in ``on_train_batch_end``.
+``branch``: ``training_step`` doubles the loss at step 12 only. ``partial-validation``: validation
+batches of 2 from 5 items, so each validation run ends with a batch of 1.
+Validation runs every epoch, the loss is logged with ``prog_bar=True``, checkpoints are written.
+Prints one JSON line: the monitor's reports and summary, torch_xla's counter deltas over ``fit``
+(compilations, compile seconds, transfers) and the error raised, if any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from xla_plugins.compile_monitor import CompileMonitor, LateCompilationWarning, read_counters
+
+EPOCHS = 3
+TRAIN_ITEMS = 8  # batch size 1: 8 steps an epoch
+VAL_ITEMS = 4
+
+
+class Model(L.LightningModule):
+    def __init__(self, trigger: str) -> None:
+        super().__init__()
+        self.trigger = trigger
+        self.embedding = torch.nn.Embedding(50, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(tokens).mean(1)).squeeze(-1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self(batch).pow(2).mean()
+        if self.trigger == "item":
+            if loss.item() > 100:
+                print("large loss")
+        if self.trigger == "branch" and self.global_step == 12:
+            loss = loss * 2  # a Python value (the step number) changes the traced graph once
+        self.log("loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self(batch).pow(2).mean(), prog_bar=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Printer(L.Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+        print(outputs["loss"])
+
+
+class Sequences(torch.utils.data.Dataset):
+    """Token sequences of length 5; with ``growing``, of length 5 + 2 x epoch (set by the model's epoch)."""
+
+    def __init__(self, items: int, growing: bool) -> None:
+        self.items, self.growing, self.epoch = items, growing, 0
+
+    def __len__(self) -> int:
+        return self.items
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        length = 5 + (2 * self.epoch if self.growing and index % 2 else 0)
+        return torch.randint(0, 50, (length,), generator=torch.Generator().manual_seed(index))
+
+
+class EpochSetter(L.Callback):
+    def __init__(self, dataset: Sequences) -> None:
+        self.dataset = dataset
+
+    def on_train_epoch_start(self, trainer, pl_module):  # noqa: ANN001
+        self.dataset.epoch = trainer.current_epoch
+
+
+def pad_to_longest(items: list[torch.Tensor]) -> torch.Tensor:
+    longest = max(len(item) for item in items)
+    return torch.stack([torch.nn.functional.pad(item, (0, longest - len(item))) for item in items])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--trigger",
+        default="none",
+        choices=("none", "padding", "item", "callback-print", "branch", "partial-validation"),
+    )
+    parser.add_argument("--strategy", default="single_xla")
+    parser.add_argument("--recompiles", default=None)
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args()
+
+    L.seed_everything(0)
+    train = Sequences(TRAIN_ITEMS, growing=args.trigger == "padding")
+    callbacks: list[L.Callback] = [EpochSetter(train)]
+    if args.trigger == "callback-print":
+        callbacks.append(Printer())
+    if args.strategy == "single_xla":
+        from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy as Strategy
+    else:
+        from xla_plugins.strategies.xla_spmd import XLASPMDStrategy as Strategy
+    strategy = Strategy(recompiles=args.recompiles) if args.recompiles else args.strategy
+    trainer = L.Trainer(
+        accelerator="tpu",
+        devices="auto" if args.strategy != "single_xla" else 1,
+        strategy=strategy,
+        max_epochs=EPOCHS,
+        default_root_dir=args.root,
+        logger=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        callbacks=callbacks,
+    )
+    before = read_counters()
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.fit(
+                Model(args.trigger),
+                DataLoader(train, batch_size=1, collate_fn=pad_to_longest),
+                DataLoader(
+                    Sequences(VAL_ITEMS + (args.trigger == "partial-validation"), growing=False),
+                    batch_size=2 if args.trigger == "partial-validation" else 1,
+                    collate_fn=pad_to_longest,
+                ),
+            )
+        except Exception as raised:  # noqa: BLE001  # the test checks which
+            error = {"type": type(raised).__name__, "message": str(raised), "step": trainer.global_step}
+    after = read_counters()
+    monitors = [c for c in trainer.callbacks if isinstance(c, CompileMonitor)]
+    print(
+        json.dumps(
+            {
+                "warnings": [str(w.message) for w in caught if issubclass(w.category, LateCompilationWarning)],
+                "reports": monitors[0].reports if monitors else None,
+                "summary": monitors[0].summary if monitors else None,
+                "delta": [a - b for a, b in zip(after, before, strict=True)],
+                "error": error,
+                "item_is_torchs": torch.Tensor.item.__qualname__ == "TensorBase.item",
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

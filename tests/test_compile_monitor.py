@@ -1,0 +1,218 @@
+"""The compile monitor (xla_plugins.compile_monitor): late compilations and host reads reported once per
+cause, naming the hook and the user's line; the budget; the summary equal to torch_xla's own counters.
+
+Each fit runs tests/scripts/compile_monitor_fit.py (or, for a clean default script,
+tests/scripts/default_fit.py) in a fresh interpreter: torch_xla keeps compiled graphs for the life
+of a process, so a graph compiled by an earlier fit in the same process would not compile again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FIT = SCRIPTS / "compile_monitor_fit.py"
+MONITOR = "XLA compile monitor:"
+
+
+def run(script: Path, *args: str, devices: int = 1, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PJRT_DEVICE": "CPU", **env}
+    environ.pop("XLA_PLUGINS_RECOMPILES", None) if "XLA_PLUGINS_RECOMPILES" not in env else None
+    if devices > 1:
+        from xla_cpu_harness import required_environment  # imports torch_xla: only once the test runs
+
+        environ.update(required_environment(devices))
+    return subprocess.run(
+        [sys.executable, str(script), *args], env=environ, capture_output=True, text=True, timeout=600
+    )
+
+
+def fit(tmp_path: Path, trigger: str, *args: str, devices: int = 1, **env: str) -> dict:
+    result = run(FIT, "--trigger", trigger, "--root", str(tmp_path), *args, devices=devices, **env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def the_one_report(outcome: dict) -> str:
+    assert outcome["error"] is None, outcome["error"]
+    assert len(outcome["reports"]) == 1, outcome["reports"]
+    assert outcome["warnings"] == outcome["reports"]
+    return outcome["reports"][0]
+
+
+def test_padding_each_batch_to_its_longest_sequence_gives_one_report_of_new_shapes(tmp_path):
+    report = the_one_report(fit(tmp_path, "padding"))
+    assert report.startswith(f"{MONITOR} late compilation in training_step (its graph ran at optimizer_step)")
+    assert f"{FIT}:" in report and "(Model.training_step)" in report
+    assert "why:    new input shapes (1x7) not seen before in this loop" in report
+    assert "pad every batch to a fixed length" in report and "drop_last=True" in report
+    assert "1 compilation(s)" in report
+
+
+def test_item_in_training_step_gives_one_report_naming_the_line(tmp_path):
+    report = the_one_report(fit(tmp_path, "item"))
+    assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
+    assert f"{FIT}:" in report and "`if loss.item() > 100:`" in report
+    assert "why:    a host read (`.item()`)" in report
+    assert "keep the value on the device" in report
+
+
+def test_print_in_a_callbacks_on_train_batch_end_gives_one_report_naming_the_callback(tmp_path):
+    report = the_one_report(fit(tmp_path, "callback-print"))
+    assert report.startswith(f"{MONITOR} host read in on_train_batch_end of callback Printer (call 3,")
+    assert '`print(outputs["loss"])`' in report
+    assert "printing or formatting a tensor" in report
+
+
+def test_a_branch_on_the_step_number_gives_one_report_of_a_different_graph(tmp_path):
+    report = the_one_report(fit(tmp_path, "branch"))
+    assert report.startswith(f"{MONITOR} late compilation in training_step (its graph ran at optimizer_step) (call 13,")
+    assert "(Model.training_step)" in report
+    assert "why:    a graph that differs from the previous one, with input shapes seen before" in report
+    assert "torch.where" in report
+
+
+def test_a_last_partial_validation_batch_gives_one_report_naming_validation_step(tmp_path):
+    report = the_one_report(fit(tmp_path, "partial-validation"))
+    assert report.startswith(f"{MONITOR} late compilation in validation_step (its graph ran at ")
+    assert "(input shapes that follow other shapes in the same loop)" in report
+    assert "(Model.validation_step)" in report
+    assert "why:    new input shapes (1x5) not seen before in this loop" in report
+    assert "drop_last=True" in report
+
+
+def test_clean_model_gives_no_report_and_the_summary_equals_torch_xlas_counter_deltas(tmp_path):
+    outcome = fit(tmp_path, "none")
+    assert outcome["error"] is None
+    assert outcome["reports"] == [] and outcome["warnings"] == []
+    summary = outcome["summary"]
+    compilations, compile_s, host_reads = outcome["delta"]
+    assert compilations > 0 and host_reads > 0
+    assert (summary["compilations"], summary["host_reads"]) == (compilations, host_reads)
+    assert summary["compile_s"] == pytest.approx(compile_s)
+    phases = summary["phases"].values()
+    assert sum(p["compilations"] for p in phases) == compilations
+    # reads through tensor methods are counted per phase; Lightning's and the plugin's batched reads are the rest
+    batched = summary["host_reads_not_through_tensor_methods"]
+    assert 0 < batched <= host_reads
+    assert sum(p["host_reads"] for p in phases) + batched == host_reads
+    assert summary["late_compilations"] == 0 and summary["host_reads_in_steps"] == 0
+    assert summary["steps"] == 3 * 8 + 2 + 3 * 4  # training steps, sanity check, validation steps
+
+
+def test_the_monitor_adds_no_compilation_and_no_host_read(tmp_path):
+    watched = fit(tmp_path / "warn", "none", XLA_PLUGINS_RECOMPILES="warn")
+    unwatched = fit(tmp_path / "off", "none", XLA_PLUGINS_RECOMPILES="off")
+    assert watched["summary"] is not None and unwatched["summary"] is None
+    # compilations and transfers are counts, the same with and without the monitor
+    assert watched["delta"][0] == unwatched["delta"][0]
+    assert watched["delta"][2] == unwatched["delta"][2]
+
+
+def test_the_summary_is_logged_when_fit_ends(tmp_path):
+    result = run(FIT, "--trigger", "item", "--root", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout.splitlines()[-1])["summary"]
+    output = result.stdout + result.stderr
+    assert (
+        f"XLA compile monitor (fit): {summary['compilations']} compilation(s), {summary['compile_s']:.2f} s compiling,"
+        f" {summary['late_compilations']} late; {summary['host_reads']} host read(s)"
+    ) in output
+    assert "  training_step: " in output and "host read(s) in 24 call(s)" in output
+    # one `.item()` a step, 3 epochs of 8 steps: 24 reads counted in training_step
+    assert summary["phases"]["training_step"]["host_reads"] == 24
+    assert summary["host_reads_in_steps"] == 24
+
+
+def test_error_raises_at_the_first_late_event_with_the_report(tmp_path):
+    outcome = fit(tmp_path, "item", XLA_PLUGINS_RECOMPILES="error")
+    assert outcome["error"]["type"] == "LateCompilationError"
+    assert outcome["error"]["message"] == outcome["reports"][0]
+    assert "`if loss.item() > 100:`" in outcome["error"]["message"]
+    assert outcome["error"]["step"] == 2  # the third training_step raised: two steps completed
+    assert outcome["warnings"] == []
+    assert outcome["item_is_torchs"]  # the read methods are unwrapped after the run raised
+
+
+def test_the_strategy_argument_wins_over_the_variable(tmp_path):
+    outcome = fit(tmp_path, "item", "--recompiles", "error", XLA_PLUGINS_RECOMPILES="warn")
+    assert outcome["error"]["type"] == "LateCompilationError"
+
+
+def test_off_reports_nothing(tmp_path):
+    outcome = fit(tmp_path, "item", XLA_PLUGINS_RECOMPILES="off")
+    assert outcome["reports"] is None and outcome["warnings"] == [] and outcome["error"] is None
+    assert outcome["item_is_torchs"]
+
+
+def test_a_bad_budget_is_a_value_error_naming_the_value_and_the_choices(tmp_path):
+    outcome = fit(tmp_path, "none", XLA_PLUGINS_RECOMPILES="loud")
+    assert outcome["error"] == {
+        "type": "ValueError",
+        "message": "XLA_PLUGINS_RECOMPILES='loud' is not a compile budget; choose one of warn, error, off.",
+        "step": 0,
+    }
+
+
+def test_a_bad_strategy_argument_is_a_value_error_naming_the_value_and_the_choices():
+    from xla_plugins.compile_monitor import check_budget
+
+    with pytest.raises(
+        ValueError, match=r"^recompiles='loud' is not a compile budget; choose one of warn, error, off\.$"
+    ):
+        check_budget("loud")
+    assert check_budget(" Error ") == "error"
+    assert check_budget(None) is None
+
+
+def test_a_clean_default_script_with_clipping_and_accumulation_gives_no_report(tmp_path):
+    result = run(SCRIPTS / "default_fit.py", "--strategy", "single_xla", "--root", str(tmp_path), "--clip-accumulate")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert MONITOR not in result.stderr
+    assert "XLA compile monitor (fit):" in result.stdout + result.stderr  # the summary
+
+
+@pytest.mark.slow
+def test_item_in_training_step_on_xla_spmd_over_4_devices_gives_the_same_report(tmp_path):
+    report = the_one_report(fit(tmp_path, "item", "--strategy", "xla_spmd", devices=4))
+    assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
+    assert "`if loss.item() > 100:`" in report
+
+
+def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_removes_the_monitor():
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import os, torch, lightning as L
+        from lightning.pytorch.demos.boring_classes import BoringModel
+        from xla_plugins.compile_monitor import CompileMonitor
+
+        class Model(BoringModel):
+            def test_step(self, batch, batch_idx):
+                self.log("test_loss", self.step(batch))
+
+        model = Model()
+        trainer = L.Trainer(accelerator="tpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=2,
+                            limit_test_batches=3, limit_predict_batches=3, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(model); trainer.validate(model); trainer.test(model); trainer.predict(model)
+        os.environ["XLA_PLUGINS_RECOMPILES"] = "off"
+        trainer.test(model)
+        print("monitors:", len([c for c in trainer.callbacks if isinstance(c, CompileMonitor)]))
+        print("item:", torch.Tensor.item.__qualname__)
+        """,
+        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None},
+    )
+    output = result.stdout + result.stderr
+    stages = [line.split("(")[1].split(")")[0] for line in output.splitlines() if line.startswith(MONITOR[:-1] + " (")]
+    assert stages == ["fit", "validate", "test", "predict"]  # the last test ran with the monitor off
+    assert "monitors: 0" in output and "item: TensorBase.item" in output
