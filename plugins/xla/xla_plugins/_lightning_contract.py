@@ -50,6 +50,8 @@ METHODS = (
         f"{_FABRIC_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "function", "args", "kwargs", "return_queue", "global_states"),
     ),
+    # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
+    PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
 )
 
 ATTRIBUTES = (
@@ -77,4 +79,6 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_computed"),
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
     PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
 )

@@ -13,6 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -37,6 +38,7 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 
 class SingleDeviceXLAStrategy(
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     SeedsDeviceAtSetup,

@@ -13,6 +13,7 @@ from torch import Tensor
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -98,6 +99,7 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 
 class XLAStrategy(  # type: ignore[misc]
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneWorkerPerDevice,

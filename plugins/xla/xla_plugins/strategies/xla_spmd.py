@@ -13,6 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
@@ -22,6 +23,7 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 
 class XLASPMDStrategy(  # type: ignore[misc]
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneProcessOverAMesh,
