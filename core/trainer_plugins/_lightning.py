@@ -350,7 +350,7 @@ class PluginSetCheckpointConnector(_CheckpointConnector):
         return checkpoint
 
     def _parse_ckpt_path(self, state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
-        """Lightning's ``ckpt_path`` resolution; ``"last"`` takes complete checkpoints only (:func:`last_checkpoint`)."""
+        """Lightning's ``ckpt_path`` resolution; ``"last"`` takes complete ones only (:func:`last_checkpoint`)."""
         if ckpt_path != "last":
             return super()._parse_ckpt_path(state_fn, ckpt_path, model_provided, model_connected)
         path = last_checkpoint(self.trainer)
