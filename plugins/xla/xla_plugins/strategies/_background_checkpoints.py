@@ -41,4 +41,4 @@ class WritesCheckpointsInBackground:
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: Optional[Any]) -> None:
-        super(WritesCheckpointsInBackground, type(self)).checkpoint_io.fset(self, io)  # type: ignore[attr-defined]
+        super(WritesCheckpointsInBackground, type(self)).checkpoint_io.fset(self, io)  # type: ignore[misc]
