@@ -168,6 +168,31 @@ def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_
     assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"]
 
 
+def test_a_save_outside_a_running_fit_is_complete_when_it_returns(tmp_path):
+    gate = threading.Event()
+    writes = HeldWrites({0: gate})
+    io = BackgroundXLACheckpointIO(writes)
+    waits = []
+    wait = io.wait
+
+    def counted_wait() -> None:
+        waits.append(len(waits))
+        if len(waits) == 2:  # the first wait is the save's own (one write in flight); the second, after it
+            gate.set()
+        wait()
+
+    io.wait = counted_wait
+    run = trainer(strategy="single_xla", plugins=[io], max_steps=2, enable_checkpointing=False)
+    run.fit(Regression(), data())
+    waits.clear()
+    try:
+        run.save_checkpoint(tmp_path / "after-fit.ckpt")
+        assert writes.events == [("start", "after-fit.ckpt"), ("end", "after-fit.ckpt")]
+    finally:
+        gate.set()
+    assert torch.load(tmp_path / "after-fit.ckpt", weights_only=False)["global_step"] == 2
+
+
 def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_path):
     gate = threading.Event()
     writes = HeldWrites({0: gate})

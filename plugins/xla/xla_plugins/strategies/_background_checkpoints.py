@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from lightning.pytorch.trainer.states import TrainerStatus
+
 from xla_plugins.checkpoint_io import default_checkpoint_io
 
 
@@ -14,7 +16,9 @@ class WritesCheckpointsInBackground:
     thread, not atomic); with this mixin the default is
     :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` (or, with
     ``XLA_PLUGINS_CHECKPOINT_WRITES=sync``, :class:`~xla_plugins.checkpoint_io.AtomicXLACheckpointIO`).
-    A checkpoint IO given to the strategy or through ``Trainer(plugins=...)`` wins. The setter keeps
+    A save made while no Trainer loop runs (``trainer.save_checkpoint`` after ``fit``, or a strategy
+    used on its own) waits for its write: nothing runs meanwhile, and the caller may read the file
+    next. A checkpoint IO given to the strategy or through ``Trainer(plugins=...)`` wins. The setter keeps
     the rule of the Lightning strategy below (the XLA strategies accept ``XLACheckpointIO`` or a
     wrapping plugin only).
 
@@ -32,6 +36,15 @@ class WritesCheckpointsInBackground:
     def setup_environment(self) -> None:
         self.checkpoint_io  # noqa: B018 - a bad setting is reported before the first step
         super().setup_environment()  # type: ignore[misc]
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
+        module = getattr(self, "lightning_module", None)
+        trainer = getattr(module, "_trainer", None)
+        if trainer is None or trainer.state.status != TrainerStatus.RUNNING:
+            wait = getattr(self.checkpoint_io, "wait", None)
+            if callable(wait):
+                wait()
 
     @property
     def checkpoint_io(self) -> Any:
