@@ -1,4 +1,4 @@
-"""The run's plugin set in Lightning's checkpoints: which plugin, at which version, supplied each role.
+"""The Trainer's checkpoint connector: the run's plugin set in every checkpoint, and which checkpoint "last" is.
 
 Part of the Lightning adapter (its twin serves ``pytorch_lightning``, see :mod:`trainer_plugins._standalone`):
 the Trainer's data connector (:class:`trainer_plugins._lightning.TrainerDataConnector`) gives every
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
@@ -51,6 +53,47 @@ class PluginSetCheckpointConnector(_CheckpointConnector):
         if record is not None:
             checkpoint[CHECKPOINT_KEY] = record
         return checkpoint
+
+    def _parse_ckpt_path(self, state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
+        """Lightning's ``ckpt_path`` resolution; ``"last"`` takes complete ones only (:func:`last_checkpoint`)."""
+        if ckpt_path != "last":
+            return super()._parse_ckpt_path(state_fn, ckpt_path, model_provided, model_connected)
+        path = last_checkpoint(self.trainer)
+        if path is None:
+            rank_zero_warn(
+                f'.{state_fn.value}(ckpt_path="last") is set, but there is no last checkpoint available.'
+                " No checkpoint will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`."
+            )
+        return path
+
+
+def last_checkpoint(trainer: Any) -> str | None:
+    """The checkpoint ``fit(ckpt_path="last")`` resumes from: the newest complete one of Lightning's candidates.
+
+    The candidates are Lightning's: each ``OnExceptionCheckpoint``'s path and each
+    ``ModelCheckpoint``'s ``last*.ckpt`` files. Two differences from Lightning 2.6: a candidate
+    found in a directory of an fsspec URL keeps its protocol (Lightning's lookup drops it, so
+    ``memory://`` or ``gs://`` last checkpoints were never found), and a candidate counts only if
+    the strategy's checkpoint IO says it is complete, when that plugin has an ``is_committed(path)``
+    method (e.g. one writing a commit marker on an object store, which has no atomic rename);
+    otherwise existing is enough, as in Lightning. The newest by modification time wins.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+    candidates = {getattr(cb, "ckpt_path", None) for cb in trainer.callbacks if isinstance(cb, OnExceptionCheckpoint)}
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            fs = callback._fs
+            protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+            found = callback._find_last_checkpoints(trainer)
+            candidates |= found if protocol in ("file", "local") else {fs.unstrip_protocol(p) for p in found}
+    committed = getattr(trainer.strategy.checkpoint_io, "is_committed", None)
+    times = {}
+    for path in filter(None, candidates):
+        fs = get_filesystem(path)
+        if fs.exists(path) and (committed is None or committed(path)):
+            times[path] = fs.modified(path)
+    return max(times, key=times.__getitem__) if times else None
 
 
 class PluginSetCheckpoint(Callback):

@@ -64,6 +64,12 @@ METHODS = (
     *(PrivateMethod(f"{cls}.{name}", parameters) for cls in (_TRAINER, _FABRIC) for name, parameters in _DECISIONS),
     PrivateMethod(f"{_DATA}._prepare_dataloader", ("self", "dataloader", "shuffle", "mode")),
     PrivateMethod(f"{_CHECKPOINT}.dump_checkpoint", ("self", "weights_only")),
+    PrivateMethod(
+        f"{_CHECKPOINT}._parse_ckpt_path", ("self", "state_fn", "ckpt_path", "model_provided", "model_connected")
+    ),
+    PrivateMethod(
+        "lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint._find_last_checkpoints", ("self", "trainer")
+    ),
     PrivateMethod("lightning.pytorch.utilities.compile:_verify_strategy_supports_compile", ("model", "strategy")),
     PrivateMethod(
         f"{_DATA}.on_trainer_init",
@@ -97,6 +103,7 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_accelerator_connector"),
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
     PrivateAttribute(_CHECKPOINT.partition(":")[0] + ":", "_CheckpointConnector"),
+    PrivateAttribute("lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint", "_fs"),
 )
 
 

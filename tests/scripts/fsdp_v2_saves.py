@@ -72,6 +72,7 @@ class Model(L.LightningModule):
         paths = [os.path.join(self.out, f"trainer-{i}.ckpt") for i in range(SAVES)]
         self.report["compiled"] = saves(lambda i: self.trainer.save_checkpoint(paths[i]))
         if self.format == "full":
+            self.trainer.strategy.checkpoint_io.wait()  # the last save is written in the background
             saved = torch.load(paths[-1], weights_only=True)
             optimizer = self.trainer.optimizers[0]
             live = full(self.state_dict())

@@ -56,6 +56,8 @@ METHODS = (
         ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path", "weights_only"),
     ),
     PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
+    # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
+    PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
 )
 
 ATTRIBUTES = (
@@ -89,4 +91,6 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
     PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
     PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
 )

@@ -33,8 +33,7 @@ class _OneProcessOverAMesh:
     """What both flavours share: SPMD mode, the mesh, batch meaning and sharding, one-process collectives.
 
     Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords), plus ``batch``
-    (see :mod:`xla_plugins.strategies._batches`); checkpoints default to ``XLACheckpointIO`` (full
-    CPU tensors).
+    (see :mod:`xla_plugins.strategies._batches`); checkpoints default to :meth:`_default_checkpoint_io`.
     """
 
     _mesh: Optional[Any] = None
@@ -46,7 +45,14 @@ class _OneProcessOverAMesh:
         _runtime.require_torch_xla()
         self.batch = _batches.check_batch_meaning(batch)
         self._described: set[str] = set()
-        super().__init__(checkpoint_io=checkpoint_io if checkpoint_io is not None else XLACheckpointIO(), **kwargs)  # type: ignore[call-arg]
+        if checkpoint_io is None:
+            checkpoint_io = self._default_checkpoint_io()
+        super().__init__(checkpoint_io=checkpoint_io, **kwargs)  # type: ignore[call-arg]
+
+    @staticmethod
+    def _default_checkpoint_io() -> Any:
+        """The checkpoint IO of a strategy given none: Lightning's ``XLACheckpointIO`` (full CPU tensors)."""
+        return XLACheckpointIO()
 
     def setup_environment(self) -> None:
         """Enter SPMD mode and build the data mesh, join the other hosts (if any), then start the runtime."""

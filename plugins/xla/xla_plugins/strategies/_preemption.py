@@ -268,6 +268,9 @@ class SavesCheckpointOnStop:
         started = time.monotonic()
         try:
             trainer.save_checkpoint(stop.partial_path)
+            wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
+            if callable(wait):  # a background writer (xla_plugins.checkpoint_io) finishes the file first
+                wait()
             if trainer.is_global_zero:
                 move(stop.partial_path, path)
         except Exception as error:

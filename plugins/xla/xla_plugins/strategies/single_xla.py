@@ -14,6 +14,7 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 
 from xla_plugins import _runtime
 from xla_plugins.compile_monitor import check_budget
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -40,6 +41,7 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 class SingleDeviceXLAStrategy(
     SavesCheckpointOnStop,
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     SeedsDeviceAtSetup,

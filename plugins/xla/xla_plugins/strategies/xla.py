@@ -13,6 +13,7 @@ from torch import Tensor
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -102,6 +103,7 @@ class _OneWorkerPerDevice(ReportsProgress):
 class XLAStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
     HasCompileBudget,
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneWorkerPerDevice,

@@ -13,6 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
+from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -26,6 +27,7 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 class XLASPMDStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
     HasCompileBudget,
+    WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,
     _OneProcessOverAMesh,

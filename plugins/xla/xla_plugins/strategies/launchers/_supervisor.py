@@ -28,6 +28,7 @@ from typing import Any, Optional
 import torch.multiprocessing as mp
 
 from xla_plugins import _torch_xla_contract
+from xla_plugins.checkpoint_io import finish_pending_writes
 from xla_plugins.strategies.launchers._failures import (
     WorkerDiedError,
     WorkerTraceback,
@@ -244,6 +245,7 @@ def _worker_main(
         start_watchdog(channel, timeout)
         replica = partial(_run_one_replica, channel, wrapping_function, args)
         _torch_xla_contract.run_thread_per_device(local_rank, local_world_size, replica, _initialize_worker)
+        finish_pending_writes()  # os._exit below would cut a background checkpoint write short
         channel.send("finished")
         code = 0
     except BaseException as error:  # noqa: BLE001 - the start-up failed: report it, never return into the fork

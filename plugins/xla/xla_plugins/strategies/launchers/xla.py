@@ -93,6 +93,7 @@ class XLALauncher(_LightningXLALauncher):
             weights_path = os.path.join(trainer.default_root_dir, ".temp.ckpt")
             if strategy.local_rank == 0:  # one writer per host (each TPU VM has its own disk)
                 strategy.checkpoint_io.save_checkpoint(state_dict, weights_path)
+                strategy.checkpoint_io.teardown()  # the main process reads it: wait for a background write
         if strategy.local_rank != 0:
             return None
         return _WorkerOutput(best_model_path, weights_path, trainer.state, results, self.get_extra_results(trainer))

@@ -1,0 +1,402 @@
+"""Checkpoints that do not stall training (issue 24 item 4): background writes, atomic files, commit markers.
+
+Real torch_xla on PJRT CPU, one device, in this process (the SIGKILL case in a subprocess). Slow
+writes are made slow by events the test controls, never by sleeping; the tests count what happened
+while a write was held.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+pytestmark = pytest.mark.xla
+
+L = pytest.importorskip("lightning")
+import fsspec  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from xla_plugins.checkpoint_io import (  # noqa: E402
+    WRITES_VARIABLE,
+    AtomicXLACheckpointIO,
+    BackgroundXLACheckpointIO,
+    default_checkpoint_io,
+    is_committed,
+)
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def data() -> DataLoader:
+    generator = torch.Generator().manual_seed(1)
+    return DataLoader(
+        TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator)), batch_size=4
+    )
+
+
+def trainer(**flags) -> L.Trainer:
+    defaults = dict(
+        accelerator="xla",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**defaults, **flags})
+
+
+class HeldWrites(AtomicXLACheckpointIO):
+    """Atomic writes that record their start and end; the write number ``i`` waits for ``gates[i]`` if there is one."""
+
+    def __init__(self, gates: dict[int, threading.Event]) -> None:
+        super().__init__()
+        self.gates = gates
+        self.events: list[tuple[str, str]] = []
+
+    def write(self, checkpoint, path) -> None:
+        number = sum(1 for kind, _ in self.events if kind == "start")
+        self.events.append(("start", os.path.basename(path)))
+        gate = self.gates.get(number)
+        if gate is not None:
+            assert gate.wait(timeout=120), "the test never released the write"
+        super().write(checkpoint, path)
+        self.events.append(("end", os.path.basename(path)))
+
+    def pending(self) -> bool:
+        return sum(kind == "start" for kind, _ in self.events) > sum(kind == "end" for kind, _ in self.events)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "single_xla.SingleDeviceXLAStrategy",
+        "xla.XLAStrategy",
+        "xla_spmd.XLASPMDStrategy",
+        "xla_fsdp_v2.XLAFSDPv2Strategy",
+    ],
+)
+def test_every_xla_trainer_strategy_writes_atomically_in_the_background_by_default(strategy):
+    import importlib
+
+    module, name = strategy.split(".")
+    io = getattr(importlib.import_module(f"xla_plugins.strategies.{module}"), name)().checkpoint_io
+    assert type(io) is BackgroundXLACheckpointIO
+    assert type(io.checkpoint_io) is AtomicXLACheckpointIO
+
+
+def test_the_trainer_gets_the_background_writer_on_single_xla():
+    assert type(trainer(strategy="single_xla", max_steps=1).strategy.checkpoint_io) is BackgroundXLACheckpointIO
+
+
+def test_a_checkpoint_io_given_by_the_user_wins():
+    from lightning.fabric.plugins import XLACheckpointIO
+
+    given = XLACheckpointIO()
+    run = trainer(strategy="single_xla", plugins=[given], max_steps=1)
+    assert run.strategy.checkpoint_io is given
+    from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy
+
+    assert SingleDeviceXLAStrategy(checkpoint_io=given).checkpoint_io is given
+
+
+def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_after_the_last_write(tmp_path):
+    first, last = threading.Event(), threading.Event()
+    writes = HeldWrites({0: first, 1: last})
+    steps_during_writes: list[tuple[int, str]] = []
+
+    class ReleasesWrites(BackgroundXLACheckpointIO):
+        def teardown(self) -> None:
+            last.set()  # the last write may only finish once fit is ending
+            super().teardown()
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if writes.pending():
+                steps_during_writes.append((trainer.global_step, writes.events[-1][1]))
+            if trainer.global_step == 5:
+                first.set()
+
+    run = trainer(
+        strategy="single_xla",
+        plugins=[ReleasesWrites(writes)],
+        max_steps=8,
+        callbacks=[Watch(), ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)],
+    )
+    try:
+        run.fit(Regression(), data())
+    finally:
+        first.set()
+        last.set()
+    # ModelCheckpoint saved after step 3 and 6; steps 4 and 5 ran while the first write was held, 7 and 8
+    # while the second was (after step 6 the released first write may or may not have ended yet).
+    assert [entry for entry in steps_during_writes if entry[0] != 6] == [
+        (4, "epoch=0-step=3.ckpt"),
+        (5, "epoch=0-step=3.ckpt"),
+        (7, "epoch=0-step=6.ckpt"),
+        (8, "epoch=0-step=6.ckpt"),
+    ]
+    # fit returned after the last write ended: both files are complete.
+    assert writes.events == [
+        ("start", "epoch=0-step=3.ckpt"),
+        ("end", "epoch=0-step=3.ckpt"),
+        ("start", "epoch=0-step=6.ckpt"),
+        ("end", "epoch=0-step=6.ckpt"),
+    ]
+    assert torch.load(tmp_path / "epoch=0-step=6.ckpt", weights_only=False)["global_step"] == 6
+    assert sorted(os.listdir(tmp_path)) == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"]
+
+
+def test_a_save_outside_a_running_fit_is_complete_when_it_returns(tmp_path):
+    gate = threading.Event()
+    writes = HeldWrites({0: gate})
+    io = BackgroundXLACheckpointIO(writes)
+    waits = []
+    wait = io.wait
+
+    def counted_wait() -> None:
+        waits.append(len(waits))
+        if len(waits) == 2:  # the first wait is the save's own (one write in flight); the second, after it
+            gate.set()
+        wait()
+
+    io.wait = counted_wait
+    run = trainer(strategy="single_xla", plugins=[io], max_steps=2, enable_checkpointing=False)
+    run.fit(Regression(), data())
+    waits.clear()
+    try:
+        run.save_checkpoint(tmp_path / "after-fit.ckpt")
+        assert writes.events == [("start", "after-fit.ckpt"), ("end", "after-fit.ckpt")]
+    finally:
+        gate.set()
+    assert torch.load(tmp_path / "after-fit.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_path):
+    gate = threading.Event()
+    writes = HeldWrites({0: gate})
+    io = BackgroundXLACheckpointIO(writes)
+    order: list[str] = []
+    io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "a.ckpt")  # returns at once: the write is held
+    order.append("first save returned")
+
+    def second() -> None:
+        io.save_checkpoint({"w": torch.zeros(2)}, tmp_path / "b.ckpt")
+        order.append("second save returned")
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(timeout=2)  # a second save that did not wait would have returned by now
+    order.append("first write released")
+    gate.set()
+    thread.join(timeout=60)
+    io.teardown()
+    assert order == ["first save returned", "first write released", "second save returned"]
+    assert [kind for kind, _ in writes.events] == ["start", "end", "start", "end"]
+
+
+def test_the_host_copy_is_taken_on_the_training_thread_before_the_hand_off(tmp_path):
+    gate = threading.Event()
+    io = BackgroundXLACheckpointIO(HeldWrites({0: gate}))
+    weights = torch.ones(3)
+    io.save_checkpoint({"w": weights}, tmp_path / "a.ckpt")
+    weights.add_(1)  # the training thread goes on changing the weights while the write is held
+    gate.set()
+    io.teardown()
+    assert torch.load(tmp_path / "a.ckpt")["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_save_after_teardown_starts_a_new_writer_and_errors_reach_the_training_thread(tmp_path):
+    io = BackgroundXLACheckpointIO()
+    io.save_checkpoint({"w": torch.ones(1)}, tmp_path / "a.ckpt")
+    io.teardown()
+    io.save_checkpoint({"w": torch.ones(1)}, tmp_path / "b.ckpt")
+    io.teardown()
+    assert sorted(os.listdir(tmp_path)) == ["a.ckpt", "b.ckpt"]
+
+    class Fails(AtomicXLACheckpointIO):
+        def write(self, checkpoint, path):
+            raise OSError(f"disk full writing {path}")
+
+    failing = BackgroundXLACheckpointIO(Fails())
+    failing.save_checkpoint({"w": torch.ones(1)}, tmp_path / "c.ckpt")
+    with pytest.raises(OSError, match="disk full"):
+        failing.teardown()
+
+
+_KILLED_MID_WRITE = """
+import io, os, sys, threading
+import torch, lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
+from test_async_checkpoints import Regression, data, trainer
+
+
+class HaltsInTheSecondWrite(AtomicXLACheckpointIO):
+    calls = 0
+
+    def _write_to(self, checkpoint, stream):
+        HaltsInTheSecondWrite.calls += 1
+        if HaltsInTheSecondWrite.calls < 2:
+            return super()._write_to(checkpoint, stream)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        stream.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        stream.flush()
+        os.fsync(stream.fileno())
+        print("MID-WRITE", flush=True)
+        threading.Event().wait()  # until killed
+
+
+checkpoints = ModelCheckpoint(dirpath=sys.argv[1], save_last=True, save_top_k=0, every_n_train_steps=2)
+run = trainer(
+    strategy="single_xla", max_steps=50, callbacks=[checkpoints],
+    plugins=[BackgroundXLACheckpointIO(HaltsInTheSecondWrite())],
+)
+run.fit(Regression(), data())
+"""
+
+
+def test_a_process_killed_in_the_middle_of_a_write_leaves_the_previous_checkpoint_for_ckpt_path_last(tmp_path):
+    directory = tmp_path / "checkpoints"
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_KILLED_MID_WRITE), str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])},
+    )
+    try:
+        for line in process.stdout:
+            if line.strip() == "MID-WRITE":
+                break
+        else:
+            pytest.fail("the subprocess ended before its second write")
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    names = sorted(os.listdir(directory))
+    assert names[0].startswith(".last.ckpt.tmp-") and names[1:] == ["last.ckpt"], names
+    assert torch.load(directory / "last.ckpt", weights_only=False)["global_step"] == 2
+
+    resumed_at: list[int] = []
+
+    class Record(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            resumed_at.append(trainer.global_step)
+
+    run = trainer(
+        strategy="single_xla",
+        max_steps=4,
+        callbacks=[Record(), ModelCheckpoint(dirpath=directory, save_last=True, save_top_k=0)],
+    )
+    run.fit(Regression(), data(), ckpt_path="last")
+    assert resumed_at == [2]
+
+
+def test_on_an_object_store_a_checkpoint_counts_only_once_its_commit_marker_is_written():
+    fs = fsspec.filesystem("memory")
+    root = "memory://async-checkpoints-test/ckpts"
+    run = trainer(
+        strategy="single_xla",
+        max_steps=4,
+        callbacks=[ModelCheckpoint(dirpath=root, save_last=True, save_top_k=0, every_n_train_steps=2)],
+    )
+    run.fit(Regression(), data())
+    last = f"{root}/last.ckpt"
+    with fs.open(f"{last}.commit", "rb") as marker:
+        assert marker.read() == str(fs.size(last)).encode()
+    assert is_committed(last)
+    assert [os.path.basename(p) for p in sorted(fs.ls(root, detail=False))] == ["last.ckpt", "last.ckpt.commit"]
+
+    from trainer_plugins._lightning import last_checkpoint
+
+    # a newer last checkpoint without its marker (a writer killed after moving it into place) is skipped
+    with fs.open(f"{root}/last-v1.ckpt", "wb") as stream:
+        stream.write(b"half a checkpoint")
+    assert not is_committed(f"{root}/last-v1.ckpt")
+    follow_up = trainer(
+        strategy="single_xla", max_steps=6, callbacks=[ModelCheckpoint(dirpath=root, save_last=True, save_top_k=0)]
+    )
+    assert last_checkpoint(follow_up) == "memory:///async-checkpoints-test/ckpts/last.ckpt"
+
+    resumed_at: list[int] = []
+
+    class Record(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            resumed_at.append(trainer.global_step)
+
+    follow_up.callbacks.append(Record())
+    follow_up.fit(Regression(), data(), ckpt_path="last")
+    assert resumed_at == [4]
+
+    # without any marker nothing is complete: "last" finds nothing, as Lightning says when there is none
+    for path in fs.find(root):
+        if path.endswith(".commit"):
+            fs.rm(path)
+    fresh = trainer(strategy="single_xla", max_steps=1, callbacks=[ModelCheckpoint(dirpath=root, save_last=True)])
+    assert last_checkpoint(fresh) is None
+    fs.rm(root, recursive=True)
+
+
+def _fit_and_resume(directory, writes: str, monkeypatch) -> tuple[dict, type]:
+    monkeypatch.setenv(WRITES_VARIABLE, writes)
+    first = trainer(
+        strategy="single_xla", max_steps=4, callbacks=[ModelCheckpoint(dirpath=directory, save_last=True, save_top_k=0)]
+    )
+    first.fit(Regression(), data())
+    io_type = type(first.strategy.checkpoint_io)
+    second = trainer(
+        strategy="single_xla", max_steps=8, callbacks=[ModelCheckpoint(dirpath=directory, save_last=True, save_top_k=0)]
+    )
+    model = Regression()
+    second.fit(model, data(), ckpt_path="last")
+    return {k: v.cpu() for k, v in model.state_dict().items()}, io_type
+
+
+def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(tmp_path, monkeypatch):
+    background, background_io = _fit_and_resume(tmp_path / "background", "background", monkeypatch)
+    sync, sync_io = _fit_and_resume(tmp_path / "sync", "sync", monkeypatch)
+    assert (background_io, sync_io) == (BackgroundXLACheckpointIO, AtomicXLACheckpointIO)
+    first_background = torch.load(tmp_path / "background" / "last.ckpt", weights_only=False)
+    first_sync = torch.load(tmp_path / "sync" / "last.ckpt", weights_only=False)
+    assert first_background["global_step"] == first_sync["global_step"] == 8
+    for key in background:
+        assert torch.equal(background[key], sync[key]), key
+        assert torch.equal(first_background["state_dict"][key], first_sync["state_dict"][key]), key
+
+
+def test_the_writes_setting_switches_background_writes_off_and_a_bad_value_names_the_choices(monkeypatch):
+    monkeypatch.setenv(WRITES_VARIABLE, "sync")
+    assert type(default_checkpoint_io()) is AtomicXLACheckpointIO
+    monkeypatch.setenv(WRITES_VARIABLE, " Background ")
+    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO
+    monkeypatch.setenv(WRITES_VARIABLE, "async")
+    with pytest.raises(
+        ValueError, match=r"XLA_PLUGINS_CHECKPOINT_WRITES='async' is not valid: choose one of \['background', 'sync'\]"
+    ):
+        default_checkpoint_io()
+    with pytest.raises(ValueError, match="XLA_PLUGINS_CHECKPOINT_WRITES='async'"):
+        trainer(strategy="single_xla", max_steps=1).fit(Regression(), data())
