@@ -163,7 +163,7 @@ def test_a_bad_budget_is_a_value_error_naming_the_value_and_the_choices(tmp_path
 
 
 def test_a_bad_strategy_argument_is_a_value_error_naming_the_value_and_the_choices():
-    from xla_plugins.compile_monitor import check_budget
+    from xla_plugins.recompile_budget import check_budget
 
     with pytest.raises(
         ValueError, match=r"^recompiles='loud' is not a compile budget; choose one of warn, error, off\.$"

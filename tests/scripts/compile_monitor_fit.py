@@ -23,7 +23,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from xla_plugins.compile_monitor import CompileMonitor, LateCompilationWarning, read_counters
+from xla_plugins.compile_monitor import CompileMonitor
+from xla_plugins.loop_phases import read_counters
+from xla_plugins.recompile_budget import LateCompilationWarning
 
 EPOCHS = 3
 TRAIN_ITEMS = 8  # batch size 1: 8 steps an epoch

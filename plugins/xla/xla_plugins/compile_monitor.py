@@ -18,7 +18,7 @@ since the last boundary belong to the innermost running action, so each is count
 Lightning's own loop work between hooks (logging, progress) is counted under the enclosing loop
 action. The profiler route needs no patching of Lightning's functions and sees the callback class
 of each hook; a plain ``Callback`` sees only its own hooks (the monitor is one too, for each batch's
-shapes). Host reads are counted by the read methods' wrapper (below), in the phase that runs them;
+shapes). Host reads are counted by the read methods' wrapper, in the phase that runs them;
 the ``TransferFromDeviceTime`` metric, which copies its list of up to 1024 samples at each read
 (about 40 us), is read only when the run starts and ends, for the total: the difference is the
 batched reads of Lightning and the plugin (``xm._maybe_convert_to_cpu``: logged metrics, progress
@@ -32,19 +32,10 @@ loop sees after other shapes (a second sequence length, a last partial batch) is
 the warm-up: phases that run once per loop (``on_validation_end``, where the evaluation's pending
 graph runs) would otherwise never leave it.
 
-**The user's line.** For host reads, the ``torch.Tensor`` methods that read an XLA tensor to the
-host (:data:`READ_METHODS`) are wrapped while a run is monitored; the wrapper costs one device
-check per call of those methods (never on other tensor operations) and, for a late read inside a
-step, walks the Python stack to the first frame outside torch, torch_xla and the standard
-library. A read from Lightning's or this plugin's own code is counted, not reported. For a
-compilation without a read (torch_xla compiles when the step's graph is run, inside Lightning's
-optimizer step), the line is where the hook that built the graph is defined, and the cause comes
-from the batch: new input shapes (compared with the shapes each loop saw before), otherwise a graph
-that differs from the previous one for the same shapes.
-
-**Budget.** ``XLA_PLUGINS_RECOMPILES`` (or a strategy's ``recompiles=`` argument, which wins):
-``warn`` (default) warns once per cause with :class:`LateCompilationWarning`; ``error`` raises
-:class:`LateCompilationError` at the first late event, with the report; ``off`` installs nothing.
+**Where the parts live.** The phases and their counts: :mod:`xla_plugins.loop_phases`; the
+wrapped read methods and the user's line of a read: :mod:`xla_plugins.host_reads`; the line and
+cause of a late compilation, the report's and the summary's text: :mod:`xla_plugins.compile_reports`;
+the budget (``XLA_PLUGINS_RECOMPILES``: ``warn``/``error``/``off``): :mod:`xla_plugins.recompile_budget`.
 
 **Summary.** When the run ends (the ``teardown`` hook), ``rank_zero_info`` lines give compilations
 and compile seconds per phase, the late compilations and the host reads per step;
@@ -53,64 +44,31 @@ and compile seconds per phase, the late compilations and the host reads per step
 
 from __future__ import annotations
 
-import inspect
-import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
 from xla_plugins import _torch_xla_contract
+from xla_plugins.compile_reports import hook_line, report_text, shapes_text, summary_lines
+from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
+from xla_plugins.loop_phases import Counts, Phase, PhaseProfiler, read_counters
+from xla_plugins.recompile_budget import (
+    BUDGET_VARIABLE,
+    BUDGETS,
+    LateCompilationError,
+    LateCompilationWarning,
+    budget,
+    check_budget,
+)
 
-#: Variable that sets the budget: ``warn`` (default), ``error`` or ``off``.
-BUDGET_VARIABLE = "XLA_PLUGINS_RECOMPILES"
-BUDGETS = ("warn", "error", "off")
 #: Calls of each phase that count as its warm-up; events in later calls are late.
 WARMUP_CALLS = 2
-#: ``torch.Tensor`` methods that copy an XLA tensor's value to the host, wrapped while a run is monitored.
-READ_METHODS = (
-    "item",
-    "tolist",
-    "numpy",
-    "cpu",
-    "__bool__",
-    "__float__",
-    "__int__",
-    "__index__",
-    "__repr__",
-    "__format__",
-)
-
-#: Hooks that run inside a step: a host read from the user's code in one of them is reported.
-_STEP_HOOKS = frozenset(
-    {
-        "training_step",
-        "validation_step",
-        "test_step",
-        "predict_step",
-        "backward",
-        "optimizer_step",
-        "optimizer_zero_grad",
-        "on_before_backward",
-        "on_after_backward",
-        "on_before_optimizer_step",
-        "on_before_zero_grad",
-        "configure_gradient_clipping",
-        "run_training_batch",
-    }
-)
-#: Modules whose frames are the mechanism of a read, skipped when looking for the line that asked for it.
-_SKIPPED = ("torch", "torch_xla", "xla_plugins.compile_monitor", "importlib", "contextlib", "functools", "typing")
-#: Modules whose frames mean Lightning or this plugin asked for the read, not the user.
-_OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
 
 #: Lightning's profiler action names for the monitor's own callback hooks, which are not phases.
 _OWN_HOOKS = "[Callback]CompileMonitor."
@@ -122,120 +80,6 @@ _STEP_OF_LOOP = {
     "test": "test_step",
     "predict": "predict_step",
 }
-
-_REMEDIES = {
-    "shapes": "pad every batch to a fixed length or to a few bucketed lengths (a collate_fn with a fixed"
-    " max_length, or lengths rounded up to a multiple of 64), and use drop_last=True for a last partial batch",
-    "read": "keep the value on the device (torch.where instead of `if`, accumulate in a tensor), log it with"
-    " self.log(name, tensor) instead of .item() or print, and read it outside the step if at all",
-    "graph": "keep Python values that change (the step number, a schedule) out of the traced operations:"
-    " pass them as tensors, or make the branch a tensor operation (torch.where)",
-}
-
-
-class LateCompilationWarning(UserWarning):
-    """A compilation or host read after the warm-up (``XLA_PLUGINS_RECOMPILES=warn``)."""
-
-
-class LateCompilationError(RuntimeError):
-    """A compilation or host read after the warm-up with ``XLA_PLUGINS_RECOMPILES=error``; the message is the report."""
-
-
-def check_budget(value: Optional[str], source: str = "recompiles") -> Optional[str]:
-    """``value`` as a budget name (``"warn"``, ``"error"``, ``"off"``; case and blanks ignored), ``None`` if ``None``.
-
-    Args:
-        value: the budget, or ``None`` (not set).
-        source: how the value was given, for the error (``"recompiles"``, the variable's name).
-
-    Raises:
-        ValueError: any other value; the message names it and the choices.
-    """
-    if value is None:
-        return None
-    budget = str(value).strip().lower()
-    if budget not in BUDGETS:
-        raise ValueError(f"{source}={value!r} is not a compile budget; choose one of {', '.join(BUDGETS)}.")
-    return budget
-
-
-def budget(strategy_value: Optional[str] = None) -> str:
-    """The budget: the strategy's ``recompiles=`` if given, else ``XLA_PLUGINS_RECOMPILES``, else ``"warn"``.
-
-    Raises:
-        ValueError: either value is not one of :data:`BUDGETS` (the message names it and the choices).
-    """
-    from_strategy = check_budget(strategy_value)
-    text = os.environ.get(BUDGET_VARIABLE, "")
-    from_environment = check_budget(text, BUDGET_VARIABLE) if text.strip() else None
-    return from_strategy or from_environment or "warn"
-
-
-@dataclass
-class Counts:
-    """Counts of one phase or cause: compilations, compile seconds and device-to-host transfers.
-
-    From torch_xla's counter ``UncachedCompile`` and metrics ``CompileTime`` and ``TransferFromDeviceTime``.
-    """
-
-    compilations: int = 0
-    compile_s: float = 0.0
-    host_reads: int = 0
-
-    def add(self, other: Counts) -> None:
-        self.compilations += other.compilations
-        self.compile_s += other.compile_s
-        self.host_reads += other.host_reads
-
-    def __bool__(self) -> bool:
-        return bool(self.compilations or self.host_reads)
-
-
-def read_counters() -> tuple[int, float, int]:
-    """torch_xla's totals so far: (``UncachedCompile`` count, ``CompileTime`` in s, ``TransferFromDeviceTime`` count).
-
-    Reads ``torch_xla.debug.metrics`` (each read is one C++ call; no device work).
-    """
-    import torch_xla.debug.metrics as met
-
-    compile_time = met.metric_data("CompileTime")
-    transfers = met.metric_data("TransferFromDeviceTime")
-    return (
-        met.counter_value("UncachedCompile") or 0,
-        compile_time[1] / 1e9 if compile_time else 0.0,
-        transfers[0] if transfers else 0,
-    )
-
-
-@dataclass
-class Phase:
-    """One phase of the loop: a profiler action (a hook, possibly of a callback), its calls and counts."""
-
-    action: str
-    calls: int = 0
-    counts: Counts = field(default_factory=Counts)
-    late_compilations: int = 0
-
-    @property
-    def hook(self) -> str:
-        """The hook's name: ``training_step`` for ``[Strategy]SingleDeviceXLAStrategy.training_step``."""
-        return self.action.rpartition(".")[2] if self.action.startswith("[") else self.action
-
-    @property
-    def label(self) -> str:
-        """The hook and who runs it: ``on_train_batch_end of callback Printer``, ``training_step``."""
-        if self.action.startswith("[Callback]"):
-            owner = self.action[len("[Callback]") :].rpartition(".")[0].split("{")[0]
-            return f"{self.hook} of callback {owner}"
-        if self.action.startswith("[LightningModule]") or self.action.startswith("[Strategy]"):
-            return self.hook
-        if self.action.startswith("["):  # a loop's own action: "[_TrainingEpochLoop].train_dataloader_next"
-            return self.action.rpartition(".")[2]
-        return f"{self.action} (Lightning's loop: logging, progress)" if self.action.startswith("run_") else self.action
-
-    @property
-    def in_step(self) -> bool:
-        return self.hook in _STEP_HOOKS or (self.hook.startswith("on_") and "_batch_" in self.hook)
 
 
 class CompileMonitor(Callback):
@@ -328,29 +172,23 @@ class CompileMonitor(Callback):
         if phase.calls <= self.warmup_calls and not (delta.compilations and other_shapes):
             return
         if read is not None and phase.in_step:
-            line = _user_line(read[1])
+            line = user_line(read[1])
             if line is not None:
-                self._report(
-                    phase,
-                    ("read", read[0], line),
-                    delta,
-                    f"a host read (`.{read[0]}()`)" if not read[0].startswith("__") else _dunder_why(read[0]),
-                    line,
-                )
+                self._report(phase, ("read", read[0], line), delta, read_cause(read[0]), line)
                 return
         if delta.compilations:
             phase.late_compilations += delta.compilations
             step_hook = "training_step" if phase.hook in ("backward", "optimizer_step") else None
             if new_shapes:
                 step_hook = _STEP_OF_LOOP[new_shapes[0][0]]
-                shown = "; ".join(_shapes_text(shapes) for _, shapes in new_shapes)
+                shown = "; ".join(shapes_text(shapes) for _, shapes in new_shapes)
                 kind, why = "shapes", f"new input shapes ({shown}) not seen before in this loop"
             else:
                 kind, why = "graph", "a graph that differs from the previous one, with input shapes seen before"
             where = phase.label
             if step_hook is not None and step_hook != phase.hook:
                 where = f"{step_hook} (its graph ran at {phase.label})"
-            self._report(phase, (kind,), delta, why, self._hook_line(phase, step_hook), where)
+            self._report(phase, (kind,), delta, why, hook_line(self._trainer, phase, step_hook), where)
 
     def _report(
         self, phase: Phase, cause: tuple, delta: Counts, why: str, line: Optional[str], where: Optional[str] = None
@@ -362,47 +200,11 @@ class CompileMonitor(Callback):
             return
         self._causes[key] = total = Counts()
         total.add(delta)
-        kind = "host read" if cause[0] == "read" else "late compilation"
-        when = (
-            f"call {phase.calls}, after the warm-up of {self.warmup_calls}"
-            if phase.calls > self.warmup_calls
-            else "input shapes that follow other shapes in the same loop"
-        )
-        text = (
-            f"XLA compile monitor: {kind} in {where or phase.label} ({when}).\n"
-            f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
-            f"  why:    {why}\n"
-            f"  cost:   {total.compilations} compilation(s), {total.compile_s:.2f} s compiling so far for this cause;"
-            f" {total.host_reads} device-to-host transfer(s)\n"
-            f"  remedy: {_REMEDIES[cause[0]]}\n"
-            f"  Reported once per cause; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
-        )
+        text = report_text(phase, cause[0], total, why, line, where, self.warmup_calls)
         self.reports.append(text)
         if self.budget == "error":
             raise LateCompilationError(text)
         warnings.warn(text, LateCompilationWarning, stacklevel=2)
-
-    def _hook_line(self, phase: Phase, step_hook: Optional[str] = None) -> Optional[str]:
-        """``file:line`` where the hook that built the phase's graph starts: ``step_hook`` of the module if given."""
-        trainer = self._trainer
-        if trainer is None:
-            return None
-        hook, owner = phase.hook, trainer.lightning_module
-        if step_hook is not None:
-            hook = step_hook
-        elif phase.action.startswith("[Callback]"):
-            key = phase.action[len("[Callback]") :].rpartition(".")[0]
-            owner = next((c for c in trainer.callbacks if c.state_key == key), None)
-        elif hook in ("backward", "optimizer_step", "optimizer_zero_grad", "run_training_batch") or "_next" in hook:
-            hook = "training_step"
-        elif not hasattr(owner, hook):
-            hook = f"{trainer.state.stage.value}_step" if trainer.state.stage is not None else hook
-        function = getattr(type(owner), hook, None) if owner is not None else None
-        try:
-            code = inspect.unwrap(function).__code__  # type: ignore[arg-type]
-        except (AttributeError, TypeError, ValueError):
-            return None
-        return f"{code.co_filename}:{code.co_firstlineno} ({type(owner).__name__}.{hook})"
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -445,17 +247,17 @@ class CompileMonitor(Callback):
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Count the rest, print the summary, give the trainer its own profiler back, unwrap the reads."""
         self._flush()
-        _unwrap_reads()
+        unwrap_reads()
         if isinstance(trainer.profiler, PhaseProfiler):
             trainer.profiler = trainer.profiler.inner
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
-        for line in _summary_lines(self.summary):
+        for line in summary_lines(self.summary):
             rank_zero_info(line)
         self._trainer = None
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Unwrap the reads and give the trainer its own profiler back (a run that raised has no teardown)."""
-        _unwrap_reads()
+        unwrap_reads()
         if isinstance(trainer.profiler, PhaseProfiler):
             trainer.profiler = trainer.profiler.inner
 
@@ -492,142 +294,6 @@ class CompileMonitor(Callback):
         }
 
 
-def _summary_lines(summary: dict[str, Any]) -> list[str]:
-    steps = summary["steps"]
-    per_step = summary["host_reads_in_steps"] / steps if steps else 0.0
-    lines = [
-        f"XLA compile monitor ({summary['stage']}): {summary['compilations']} compilation(s),"
-        f" {summary['compile_s']:.2f} s compiling, {summary['late_compilations']} late;"
-        f" {summary['host_reads']} host read(s), {per_step:.2f} per step inside steps ({steps} steps);"
-        f" {summary['reports']} cause(s) reported."
-    ]
-    for label, counts in summary["phases"].items():
-        lines.append(
-            f"  {label}: {counts['compilations']} compilation(s), {counts['compile_s']:.2f} s,"
-            f" {counts['late_compilations']} late, {counts['host_reads']} host read(s) in {counts['calls']} call(s)"
-        )
-    lines.append(
-        f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
-        f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
-    )
-    return lines
-
-
-class PhaseProfiler(Profiler):
-    """The trainer's profiler, wrapped: every call goes on to ``inner``; action boundaries go to ``monitor``.
-
-    Args:
-        inner: the profiler the trainer had (Lightning's ``PassThroughProfiler`` by default).
-        monitor: the :class:`CompileMonitor` of the run.
-    """
-
-    def __init__(self, inner: Profiler, monitor: CompileMonitor) -> None:
-        super().__init__()
-        self.inner, self.monitor = inner, monitor
-        if type(inner) is PassThroughProfiler:
-            # Lightning's default profiler does nothing at start and stop: go to the monitor directly
-            self.start, self.stop = monitor.enter, monitor.leave  # type: ignore[method-assign]
-
-    def start(self, action_name: str) -> None:
-        self.monitor.enter(action_name)
-        self.inner.start(action_name)
-
-    def stop(self, action_name: str) -> None:
-        self.inner.stop(action_name)
-        self.monitor.leave(action_name)
-
-    def summary(self) -> str:
-        return self.inner.summary()
-
-    def setup(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.setup(*args, **kwargs)
-
-    def teardown(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.teardown(*args, **kwargs)
-
-    def describe(self) -> None:
-        self.inner.describe()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "monitor"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-#: method name -> torch's own method, while reads are wrapped
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
-_ACTIVE: list[CompileMonitor] = []
-
-
-def _wrap_reads(monitor: CompileMonitor) -> None:
-    """Route :data:`READ_METHODS` of XLA tensors through ``monitor.read`` (idempotent)."""
-    _ACTIVE[:] = [monitor]
-    for name in READ_METHODS:
-        if name in _ORIGINALS:
-            continue
-        original = getattr(torch.Tensor, name)
-        _ORIGINALS[name] = original
-        wrapper = _read_wrapper(name, original)
-        setattr(torch.Tensor, name, wrapper)
-
-
-def _read_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original`` (a ``torch.Tensor`` method) going through the active monitor for XLA tensors."""
-
-    def wrapper(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not _ACTIVE or _ACTIVE[0]._reading or self.device.type != "xla":
-            return original(self, *args, **kwargs)
-        return _ACTIVE[0].read(name, original, self, args, kwargs)
-
-    wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = name, f"Tensor.{name}", original.__doc__
-    return wrapper
-
-
-def _unwrap_reads() -> None:
-    """Give ``torch.Tensor`` its own read methods back."""
-    _ACTIVE.clear()
-    for name, original in _ORIGINALS.items():
-        setattr(torch.Tensor, name, original)
-    _ORIGINALS.clear()
-
-
-def _module_of(frame: Any) -> str:
-    return frame.f_globals.get("__name__", "") or ""
-
-
-def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
-
-
-def _user_line(frame: Any) -> Optional[str]:
-    """``file:line  code`` of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
-    while frame is not None:
-        module = _module_of(frame)
-        top = module.partition(".")[0]
-        if _matches(module, _SKIPPED) or top in sys.stdlib_module_names:
-            frame = frame.f_back
-            continue
-        if _matches(module, _OWN):
-            return None
-        info = inspect.getframeinfo(frame, context=1)
-        code = info.code_context[0].strip() if info.code_context else ""
-        return f"{info.filename}:{info.lineno}  `{code}`"
-    return None
-
-
-def _dunder_why(method: str) -> str:
-    what = {
-        "__bool__": "`if tensor:` or bool(tensor)",
-        "__repr__": "printing or formatting a tensor",
-        "__format__": "formatting a tensor (f-string)",
-    }
-    return f"a host read ({what.get(method, f'{method.strip(chr(95))}(tensor)')})"
-
-
-def _shapes_text(shapes: tuple) -> str:
-    return ", ".join("x".join(map(str, shape)) or "scalar" for shape in shapes) or "(no tensors)"
-
-
 def install(trainer: Any) -> Optional[CompileMonitor]:
     """Monitor ``trainer``'s run (see the module docstring) unless the budget is ``off``.
 
@@ -647,7 +313,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         trainer.profiler = trainer.profiler.inner
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
-        _unwrap_reads()
+        unwrap_reads()
         if monitor is not None:  # left by an earlier run of this trainer: it must not report on this one
             trainer.callbacks.remove(monitor)
         return None
@@ -657,10 +323,13 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
     monitor.budget = chosen
     monitor._start_run(trainer)
     trainer.profiler = PhaseProfiler(trainer.profiler, monitor)
-    _wrap_reads(monitor)
+    wrap_reads(monitor)
     return monitor
 
 
+# The budget's names, READ_METHODS, read_counters and PhaseProfiler live in recompile_budget,
+# host_reads and loop_phases; they stay importable from here, where the API reference named them
+# before the split and the user guide names LateCompilationWarning and LateCompilationError.
 __all__ = [
     "BUDGETS",
     "BUDGET_VARIABLE",

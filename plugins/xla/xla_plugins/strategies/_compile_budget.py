@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from xla_plugins.compile_monitor import check_budget
+from xla_plugins.recompile_budget import check_budget
 
 
 class HasCompileBudget:

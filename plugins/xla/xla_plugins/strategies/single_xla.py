@@ -13,7 +13,7 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
 from xla_plugins import _runtime
-from xla_plugins.compile_monitor import check_budget
+from xla_plugins.recompile_budget import check_budget
 from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork

@@ -1,0 +1,102 @@
+"""The compile monitor's texts: the report of a late event (where, why, its cost so far, the remedy), the summary.
+
+For a late host read the line is the user's (:func:`xla_plugins.host_reads.user_line`). For a
+compilation without a read (torch_xla compiles when the step's graph is run, inside Lightning's
+optimizer step), the line is where the hook that built the graph is defined (:func:`hook_line`),
+and the cause comes from the batch: new input shapes (compared with the shapes each loop saw
+before), otherwise a graph that differs from the previous one for the same shapes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+from xla_plugins.loop_phases import Counts, Phase
+from xla_plugins.recompile_budget import BUDGET_VARIABLE
+
+#: What to change, by kind of cause: ``"shapes"``, ``"read"``, ``"graph"``.
+_REMEDIES = {
+    "shapes": "pad every batch to a fixed length or to a few bucketed lengths (a collate_fn with a fixed"
+    " max_length, or lengths rounded up to a multiple of 64), and use drop_last=True for a last partial batch",
+    "read": "keep the value on the device (torch.where instead of `if`, accumulate in a tensor), log it with"
+    " self.log(name, tensor) instead of .item() or print, and read it outside the step if at all",
+    "graph": "keep Python values that change (the step number, a schedule) out of the traced operations:"
+    " pass them as tensors, or make the branch a tensor operation (torch.where)",
+}
+
+
+def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[str]:
+    """``file:line`` where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
+
+    ``trainer`` is the run's ``lightning.pytorch.Trainer`` (``None`` outside a run: no line).
+    """
+    if trainer is None:
+        return None
+    hook, owner = phase.hook, trainer.lightning_module
+    if step_hook is not None:
+        hook = step_hook
+    elif phase.action.startswith("[Callback]"):
+        key = phase.action[len("[Callback]") :].rpartition(".")[0]
+        owner = next((c for c in trainer.callbacks if c.state_key == key), None)
+    elif hook in ("backward", "optimizer_step", "optimizer_zero_grad", "run_training_batch") or "_next" in hook:
+        hook = "training_step"
+    elif not hasattr(owner, hook):
+        hook = f"{trainer.state.stage.value}_step" if trainer.state.stage is not None else hook
+    function = getattr(type(owner), hook, None) if owner is not None else None
+    try:
+        code = inspect.unwrap(function).__code__  # type: ignore[arg-type]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return f"{code.co_filename}:{code.co_firstlineno} ({type(owner).__name__}.{hook})"
+
+
+def shapes_text(shapes: tuple) -> str:
+    """A batch's input shapes as text: ``8x128, 8`` (``scalar`` for a 0-d tensor)."""
+    return ", ".join("x".join(map(str, shape)) or "scalar" for shape in shapes) or "(no tensors)"
+
+
+def report_text(
+    phase: Phase, cause: str, total: Counts, why: str, line: Optional[str], where: Optional[str], warmup_calls: int
+) -> str:
+    """The report of a late event of kind ``cause`` (a key of ``_REMEDIES``) in ``phase``, with its cost ``total``."""
+    kind = "host read" if cause == "read" else "late compilation"
+    when = (
+        f"call {phase.calls}, after the warm-up of {warmup_calls}"
+        if phase.calls > warmup_calls
+        else "input shapes that follow other shapes in the same loop"
+    )
+    return (
+        f"XLA compile monitor: {kind} in {where or phase.label} ({when}).\n"
+        f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
+        f"  why:    {why}\n"
+        f"  cost:   {total.compilations} compilation(s), {total.compile_s:.2f} s compiling so far for this cause;"
+        f" {total.host_reads} device-to-host transfer(s)\n"
+        f"  remedy: {_REMEDIES[cause]}\n"
+        f"  Reported once per cause; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
+    )
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one per phase."""
+    steps = summary["steps"]
+    per_step = summary["host_reads_in_steps"] / steps if steps else 0.0
+    lines = [
+        f"XLA compile monitor ({summary['stage']}): {summary['compilations']} compilation(s),"
+        f" {summary['compile_s']:.2f} s compiling, {summary['late_compilations']} late;"
+        f" {summary['host_reads']} host read(s), {per_step:.2f} per step inside steps ({steps} steps);"
+        f" {summary['reports']} cause(s) reported."
+    ]
+    for label, counts in summary["phases"].items():
+        lines.append(
+            f"  {label}: {counts['compilations']} compilation(s), {counts['compile_s']:.2f} s,"
+            f" {counts['late_compilations']} late, {counts['host_reads']} host read(s) in {counts['calls']} call(s)"
+        )
+    lines.append(
+        f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
+        f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
+    )
+    return lines
+
+
+__all__ = ["hook_line", "report_text", "shapes_text", "summary_lines"]

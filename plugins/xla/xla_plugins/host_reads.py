@@ -1,0 +1,134 @@
+"""The host-read watch: ``torch.Tensor``'s read methods on XLA tensors routed to a reader, and the user's line.
+
+Each host read inside a step (``.item()``, ``print(tensor)``, ``if tensor:``) cuts the step's graph
+and waits for the device. While a run is monitored, the ``torch.Tensor`` methods that read an XLA
+tensor to the host (:data:`READ_METHODS`) are wrapped (:func:`wrap_reads`); the wrapper costs one
+device check per call of those methods (never on other tensor operations) and passes each read of
+an XLA tensor to the reader (the compile monitor, :mod:`xla_plugins.compile_monitor`). For a late
+read, :func:`user_line` walks the Python stack to the first frame outside torch, torch_xla, this
+mechanism and the standard library; a read from Lightning's or this plugin's own code has none.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+#: ``torch.Tensor`` methods that copy an XLA tensor's value to the host, wrapped while a run is monitored.
+READ_METHODS = (
+    "item",
+    "tolist",
+    "numpy",
+    "cpu",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__repr__",
+    "__format__",
+)
+
+#: Modules whose frames are the mechanism of a read, skipped when looking for the line that asked for it.
+_SKIPPED = (
+    "torch",
+    "torch_xla",
+    "xla_plugins.host_reads",
+    "xla_plugins.compile_monitor",
+    "importlib",
+    "contextlib",
+    "functools",
+    "typing",
+)
+#: Modules whose frames mean Lightning or this plugin asked for the read, not the user.
+_OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
+
+
+class Reader(Protocol):
+    """What the wrapped read methods call: the compile monitor (``xla_plugins.compile_monitor.CompileMonitor``)."""
+
+    #: ``True`` while the reader runs a read: reads inside it go straight to torch
+    _reading: bool
+
+    def read(self, method: str, original: Callable[..., Any], tensor: Tensor, args: Any, kwargs: Any) -> Any:
+        """Run ``original(tensor, *args, **kwargs)``, the read ``tensor.<method>(...)`` of an XLA tensor."""
+
+
+#: method name -> torch's own method, while reads are wrapped
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_ACTIVE: list[Reader] = []
+
+
+def wrap_reads(reader: Reader) -> None:
+    """Route :data:`READ_METHODS` of XLA tensors through ``reader.read`` (idempotent)."""
+    _ACTIVE[:] = [reader]
+    for name in READ_METHODS:
+        if name in _ORIGINALS:
+            continue
+        original = getattr(torch.Tensor, name)
+        _ORIGINALS[name] = original
+        wrapper = _read_wrapper(name, original)
+        setattr(torch.Tensor, name, wrapper)
+
+
+def _read_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a ``torch.Tensor`` method) going through the active reader for XLA tensors."""
+
+    def wrapper(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not _ACTIVE or _ACTIVE[0]._reading or self.device.type != "xla":
+            return original(self, *args, **kwargs)
+        return _ACTIVE[0].read(name, original, self, args, kwargs)
+
+    wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = name, f"Tensor.{name}", original.__doc__
+    return wrapper
+
+
+def unwrap_reads() -> None:
+    """Give ``torch.Tensor`` its own read methods back."""
+    _ACTIVE.clear()
+    for name, original in _ORIGINALS.items():
+        setattr(torch.Tensor, name, original)
+    _ORIGINALS.clear()
+
+
+def _module_of(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "") or ""
+
+
+def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def user_line(frame: Any) -> Optional[str]:
+    """``file:line  code`` of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
+    while frame is not None:
+        module = _module_of(frame)
+        top = module.partition(".")[0]
+        if _matches(module, _SKIPPED) or top in sys.stdlib_module_names:
+            frame = frame.f_back
+            continue
+        if _matches(module, _OWN):
+            return None
+        info = inspect.getframeinfo(frame, context=1)
+        code = info.code_context[0].strip() if info.code_context else ""
+        return f"{info.filename}:{info.lineno}  `{code}`"
+    return None
+
+
+def read_cause(method: str) -> str:
+    """What a read through ``Tensor.<method>`` looks like in the user's code, for the report."""
+    if not method.startswith("__"):
+        return f"a host read (`.{method}()`)"
+    what = {
+        "__bool__": "`if tensor:` or bool(tensor)",
+        "__repr__": "printing or formatting a tensor",
+        "__format__": "formatting a tensor (f-string)",
+    }
+    return f"a host read ({what.get(method, f'{method.strip(chr(95))}(tensor)')})"
+
+
+__all__ = ["READ_METHODS", "Reader", "read_cause", "unwrap_reads", "user_line", "wrap_reads"]
