@@ -331,7 +331,7 @@ def test_on_an_object_store_a_checkpoint_counts_only_once_its_commit_marker_is_w
     assert is_committed(last)
     assert [os.path.basename(p) for p in sorted(fs.ls(root, detail=False))] == ["last.ckpt", "last.ckpt.commit"]
 
-    from trainer_plugins._lightning import last_checkpoint
+    from trainer_plugins._lightning_checkpoint import last_checkpoint
 
     # a newer last checkpoint without its marker (a writer killed after moving it into place) is skipped
     with fs.open(f"{root}/last-v1.ckpt", "wb") as stream:

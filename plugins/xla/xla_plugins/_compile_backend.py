@@ -2,8 +2,9 @@
 
 Lightning's ``from_compiled`` keeps the ``torch.compile`` context of a compiled LightningModule in
 ``module._compiler_ctx["dynamo_ctx"]``; the backend behind it is reached through the
-``_torchdynamo_orig_backend`` attribute each of torch's wrappers (``ConvertFrame``,
-``WrapBackendDebug``) keeps of the callable it wraps (torch 2.8 and 2.9). ``inductor``, torch's
+attribute each of torch's wrappers (``CatchErrorsWrapper``, ``ConvertFrame``, ``WrapBackendDebug``)
+keeps of the callable it wraps: ``_torchdynamo_orig_backend`` (torch 2.9) or
+``_torchdynamo_orig_callable`` (torch 2.8). ``inductor``, torch's
 default, lowers to CPU/GPU kernels and fails on XLA tensors (measured: ``InductorError:
 LoweringException`` at the first training step on PJRT CPU, torch_xla 2.9); torch_xla registers
 its own dynamo backend, ``"openxla"``.
@@ -27,7 +28,9 @@ def compile_backend(module: Any) -> Optional[str]:
         return None
     backend = getattr(context.get("dynamo_ctx"), "callback", None)
     for _ in range(8):  # unwrap torch's wrappers down to the backend callable
-        inner = getattr(backend, "_torchdynamo_orig_backend", None)
+        inner = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(
+            backend, "_torchdynamo_orig_callable", None
+        )
         if inner is None:
             break
         backend = inner
