@@ -13,6 +13,21 @@ from __future__ import annotations
 
 from trainer_plugins._lightning_contract import PrivateAttribute, PrivateMethod
 
+
+def _lightning_release() -> tuple[int, ...]:
+    """``(major, minor)`` of the installed Lightning (``lightning``, else ``pytorch-lightning``), from its metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    for distribution in ("lightning", "pytorch-lightning"):
+        try:
+            return Version(version(distribution)).release[:2]
+        except PackageNotFoundError:
+            continue
+    return (0, 0)
+
+
 _RESULT = "lightning.pytorch.trainer.connectors.logger_connector.result"
 _LOGGER = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector:_LoggerConnector"
 _LAUNCHER = "lightning.pytorch.strategies.launchers.xla:_XLALauncher"
@@ -50,10 +65,12 @@ METHODS = (
         f"{_FABRIC_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "function", "args", "kwargs", "return_queue", "global_states"),
     ),
-    # xla_plugins.strategies._preemption: the Trainer function its launcher recognises, and its `ckpt_path`
+    # xla_plugins.strategies._stop_checkpoint: the Trainer function its launcher recognises, and its `ckpt_path`
+    # (Lightning 2.6 added `weights_only`)
     PrivateMethod(
         "lightning.pytorch.trainer.trainer:Trainer._fit_impl",
-        ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path", "weights_only"),
+        ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path")
+        + (("weights_only",) if _lightning_release() >= (2, 6) else ()),
     ),
     PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
     # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
