@@ -28,8 +28,14 @@ class GivesUp(L.LightningModule):
         self.net = nn.Linear(8, 2)
 
     def training_step(self, batch, batch_idx):
-        with open(os.path.join(PID_DIR, f"rank{self.global_rank}.pid"), "w") as file:
-            file.write(str(os.getpid()))
+        if batch_idx == 0:
+            # written once and renamed into place: a replica stopped by the supervisor between a truncating
+            # open and the write (the file rewritten at every step) left an empty file, and int("") failed
+            # the report (seen under load)
+            path = os.path.join(PID_DIR, f"rank{self.global_rank}.pid")
+            with open(f"{path}.tmp", "w") as file:
+                file.write(str(os.getpid()))
+            os.replace(f"{path}.tmp", path)
         if self.global_rank == 1 and batch_idx == 1:
             raise ValueError("rank 1 gave up at step 1")
         x, y = batch
@@ -83,7 +89,8 @@ if __name__ == "__main__":
         report["cause"] = type(error.__cause__).__name__
         report["traceback"] = str(error.__cause__)
     time.sleep(1)
-    worker_pids = sorted({int(open(os.path.join(PID_DIR, name)).read()) for name in os.listdir(PID_DIR)})
+    pid_files = [name for name in os.listdir(PID_DIR) if name.endswith(".pid")]
+    worker_pids = sorted({int(open(os.path.join(PID_DIR, name)).read()) for name in pid_files})
     report["worker_pids"] = worker_pids
     report["workers_alive"] = [pid for pid in worker_pids if alive(pid)]
     report["children_after"] = children(os.getpid())
