@@ -227,6 +227,7 @@ def test_the_host_copy_is_taken_on_the_training_thread_before_the_hand_off(tmp_p
     assert torch.load(tmp_path / "a.ckpt")["w"].tolist() == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_save_after_teardown_starts_a_new_writer_and_errors_reach_the_training_thread(tmp_path):
     io = BackgroundXLACheckpointIO()
     io.save_checkpoint({"w": torch.ones(1)}, tmp_path / "a.ckpt")
@@ -278,6 +279,7 @@ run.fit(Regression(), data())
 """
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_process_killed_in_the_middle_of_a_write_leaves_the_previous_checkpoint_for_ckpt_path_last(tmp_path):
     directory = tmp_path / "checkpoints"
     process = subprocess.Popen(
@@ -376,6 +378,7 @@ def _fit_and_resume(directory, writes: str, monkeypatch) -> tuple[dict, type]:
     return {k: v.cpu() for k, v in model.state_dict().items()}, io_type
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(tmp_path, monkeypatch):
     background, background_io = _fit_and_resume(tmp_path / "background", "background", monkeypatch)
     sync, sync_io = _fit_and_resume(tmp_path / "sync", "sync", monkeypatch)

@@ -48,6 +48,7 @@ def the_one_report(outcome: dict) -> str:
     return outcome["reports"][0]
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_padding_each_batch_to_its_longest_sequence_gives_one_report_of_new_shapes(tmp_path):
     report = the_one_report(fit(tmp_path, "padding"))
     assert report.startswith(f"{MONITOR} late compilation in training_step (its graph ran at optimizer_step)")
@@ -65,6 +66,7 @@ def test_item_in_training_step_gives_one_report_naming_the_line(tmp_path):
     assert "keep the value on the device" in report
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_print_in_a_callbacks_on_train_batch_end_gives_one_report_naming_the_callback(tmp_path):
     report = the_one_report(fit(tmp_path, "callback-print"))
     assert report.startswith(f"{MONITOR} host read in on_train_batch_end of callback Printer (call 3,")
@@ -72,6 +74,7 @@ def test_print_in_a_callbacks_on_train_batch_end_gives_one_report_naming_the_cal
     assert "printing or formatting a tensor" in report
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_branch_on_the_step_number_gives_one_report_of_a_different_graph(tmp_path):
     report = the_one_report(fit(tmp_path, "branch"))
     assert report.startswith(f"{MONITOR} late compilation in training_step (its graph ran at optimizer_step) (call 13,")
@@ -80,6 +83,7 @@ def test_a_branch_on_the_step_number_gives_one_report_of_a_different_graph(tmp_p
     assert "torch.where" in report
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_last_partial_validation_batch_gives_one_report_naming_validation_step(tmp_path):
     report = the_one_report(fit(tmp_path, "partial-validation"))
     assert report.startswith(f"{MONITOR} late compilation in validation_step (its graph ran at ")
@@ -108,6 +112,7 @@ def test_clean_model_gives_no_report_and_the_summary_equals_torch_xlas_counter_d
     assert summary["steps"] == 3 * 8 + 2 + 3 * 4  # training steps, sanity check, validation steps
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_the_monitor_adds_no_compilation_and_no_host_read(tmp_path):
     watched = fit(tmp_path / "warn", "none", XLA_PLUGINS_RECOMPILES="warn")
     unwatched = fit(tmp_path / "off", "none", XLA_PLUGINS_RECOMPILES="off")
@@ -117,6 +122,7 @@ def test_the_monitor_adds_no_compilation_and_no_host_read(tmp_path):
     assert watched["delta"][2] == unwatched["delta"][2]
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_the_summary_is_logged_when_fit_ends(tmp_path):
     result = run(FIT, "--trigger", "item", "--root", str(tmp_path))
     assert result.returncode == 0, result.stderr[-4000:]
@@ -132,6 +138,7 @@ def test_the_summary_is_logged_when_fit_ends(tmp_path):
     assert summary["host_reads_in_steps"] == 24
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_error_raises_at_the_first_late_event_with_the_report(tmp_path):
     outcome = fit(tmp_path, "item", XLA_PLUGINS_RECOMPILES="error")
     assert outcome["error"]["type"] == "LateCompilationError"
@@ -142,17 +149,20 @@ def test_error_raises_at_the_first_late_event_with_the_report(tmp_path):
     assert outcome["item_is_torchs"]  # the read methods are unwrapped after the run raised
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_the_strategy_argument_wins_over_the_variable(tmp_path):
     outcome = fit(tmp_path, "item", "--recompiles", "error", XLA_PLUGINS_RECOMPILES="warn")
     assert outcome["error"]["type"] == "LateCompilationError"
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_off_reports_nothing(tmp_path):
     outcome = fit(tmp_path, "item", XLA_PLUGINS_RECOMPILES="off")
     assert outcome["reports"] is None and outcome["warnings"] == [] and outcome["error"] is None
     assert outcome["item_is_torchs"]
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_bad_budget_is_a_value_error_naming_the_value_and_the_choices(tmp_path):
     outcome = fit(tmp_path, "none", XLA_PLUGINS_RECOMPILES="loud")
     assert outcome["error"] == {
@@ -173,6 +183,7 @@ def test_a_bad_strategy_argument_is_a_value_error_naming_the_value_and_the_choic
     assert check_budget(None) is None
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_clean_default_script_with_clipping_and_accumulation_gives_no_report(tmp_path):
     result = run(SCRIPTS / "default_fit.py", "--strategy", "single_xla", "--root", str(tmp_path), "--clip-accumulate")
     assert result.returncode == 0, result.stderr[-4000:]
@@ -187,6 +198,7 @@ def test_item_in_training_step_on_xla_spmd_over_4_devices_gives_the_same_report(
     assert "`if loss.item() > 100:`" in report
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_removes_the_monitor():
     from conftest import run_python
 

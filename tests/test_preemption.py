@@ -178,6 +178,7 @@ def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path):
     assert not stop_checkpoint(root).exists()  # the finished run superseded it: "last" never goes back to it
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint_last(tmp_path):
     root, dirpath = tmp_path / "run", tmp_path / "user_checkpoints"
     # first a finished epoch with ModelCheckpoint(save_last=True) writing last.ckpt, then the stop in epoch 1
@@ -190,6 +191,7 @@ def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     root = tmp_path / "run"
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
@@ -202,6 +204,7 @@ def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     assert final_global_step(again) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     root = tmp_path / "run"
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
@@ -211,6 +214,7 @@ def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     assert final_global_step(fresh) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_auto_resume_without_a_stop_checkpoint_starts_over_silently(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, XLA_PLUGINS_RESUME="auto")
@@ -219,18 +223,21 @@ def test_auto_resume_without_a_stop_checkpoint_starts_over_silently(tmp_path):
     assert final_global_step(result) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_signal_named_in_the_setting_stops_with_a_checkpoint_and_its_own_status(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, STOP_AT=str(STOP_AT), STOP_SIGNAL="SIGUSR1", XLA_PLUGINS_CHECKPOINT_SIGNALS="usr1")
     assert_stopped_with_a_checkpoint(result, root, signal.SIGUSR1)
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_second_signal_during_the_save_changes_nothing(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, STOP_AT=str(STOP_AT), SECOND_SIGNAL="1")
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_sigterm_during_validation_writes_the_checkpoint_there(tmp_path):
     root = tmp_path / "run"  # validation after epoch 0 (8 batches); the signal at its 2nd batch
     result = run_script(root, STOP_IN_VALIDATION="1")
@@ -240,6 +247,7 @@ def test_sigterm_during_validation_writes_the_checkpoint_there(tmp_path):
     assert checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]["current"]["completed"] == 2
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 @pytest.mark.xfail(
     strict=True,
     reason="Lightning 2.6.6 trains one batch more (17 of 16) when it resumes a validation interrupted at the end of"
@@ -253,6 +261,7 @@ def test_a_rerun_from_a_stop_during_validation_ends_at_the_uninterrupted_step_co
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_sigterm_during_the_sanity_check_writes_the_untrained_state_and_the_rerun_trains_it_all(tmp_path):
     root = tmp_path / "run"  # before training starts only Lightning's handler listens (SIGTERM)
     result = run_script(root, STOP_IN_VALIDATION="sanity check")
@@ -263,6 +272,7 @@ def test_sigterm_during_the_sanity_check_writes_the_untrained_state_and_the_reru
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_save_past_the_deadline_leaves_no_checkpoint_and_exits_with_the_same_status(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, STOP_AT=str(STOP_AT), SLOW_SAVE="1", XLA_PLUGINS_CHECKPOINT_DEADLINE="1")
@@ -301,6 +311,7 @@ def test_settings_read_names_in_any_case_without_repeats(monkeypatch):
     assert _stop_settings.deadline_s() == _stop_settings.DEFAULT_DEADLINE_S < 30
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_bad_resume_setting_fails_the_fit_before_training(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, XLA_PLUGINS_RESUME="sometimes")
@@ -320,6 +331,7 @@ def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tm
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_directory(tmp_path):
     for kind in ("file", "directory"):
         target, source = tmp_path / f"{kind}.ckpt", tmp_path / f"{kind}.ckpt.partial"
