@@ -10,6 +10,8 @@ from typing import Any
 
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile
 
+from trainer_plugins._names import plugin_strategy_names
+
 
 def verify_strategy_supports_compile(model: Any, strategy: Any) -> None:
     """Lightning's check that ``strategy`` can run the compiled ``model``, knowing plugin strategies.
@@ -37,13 +39,7 @@ def verify_strategy_supports_compile(model: Any, strategy: Any) -> None:
     try:
         _verify_strategy_supports_compile(model, strategy)
     except RuntimeError as error:
-        names = sorted(
-            name
-            for name, other in catalog.claims.get("strategy", {}).items()
-            if other.plugin is claim.plugin
-            and name == other.entry.name
-            and getattr(other.entry, "supports_compile", False)
-        )
+        names = plugin_strategy_names(catalog, "trainer", claim.plugin, supports_compile=True)
         which = (
             f"of its strategies, {', '.join(map(repr, names))} {'runs' if len(names) == 1 else 'run'} a compiled"
             " module; pass the module uncompiled to the others"

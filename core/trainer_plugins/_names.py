@@ -112,6 +112,26 @@ def plugin_claim(catalog: Catalog, role: str, name: Any) -> Optional[Claim]:
     return claim
 
 
+def plugin_strategy_names(catalog: Catalog, api: str, plugin: Any, supports_compile: bool = False) -> list[str]:
+    """The main names of ``plugin``'s loaded strategies that have a class for ``api``, sorted.
+
+    Args:
+        catalog: the declared names.
+        api: ``"trainer"`` or ``"fabric"``.
+        plugin: the plugin's record (``Claim.plugin``).
+        supports_compile: only those declared ``StrategyEntry(supports_compile=True)``.
+    """
+    return sorted(
+        name
+        for name, claim in catalog.claims.get("strategy", {}).items()
+        if claim.plugin is plugin
+        and claim.live
+        and name == claim.entry.name
+        and claim.entry.class_path(api)
+        and (not supports_compile or getattr(claim.entry, "supports_compile", False))
+    )
+
+
 def strategies_of_accelerator_plugin(catalog: Catalog, api: str, accelerator: Any) -> Optional[str]:
     """A sentence naming the strategies of the plugin that supplies ``accelerator``, or ``None``.
 
@@ -127,11 +147,7 @@ def strategies_of_accelerator_plugin(catalog: Catalog, api: str, accelerator: An
     owner = catalog.owner_of(accelerator, "accelerator", api)
     if owner is None or owner.builtin:
         return None
-    names = sorted(
-        name
-        for name, claim in catalog.claims.get("strategy", {}).items()
-        if claim.plugin is owner.plugin and claim.live and name == claim.entry.name and claim.entry.class_path(api)
-    )
+    names = plugin_strategy_names(catalog, api, owner.plugin)
     if not names:
         return None
     return (
