@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,11 +192,22 @@ def test_a_clean_default_script_with_clipping_and_accumulation_gives_no_report(t
     assert "XLA compile monitor (fit):" in result.stdout + result.stderr  # the summary
 
 
-@pytest.mark.slow
-def test_item_in_training_step_on_xla_spmd_over_4_devices_gives_the_same_report(tmp_path):
-    report = the_one_report(fit(tmp_path, "item", "--strategy", "xla_spmd", devices=4))
-    assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
-    assert "`if loss.item() > 100:`" in report
+@pytest.mark.slow  # 4 devices: primary tox cell only (tox.ini)
+@pytest.mark.parametrize("trigger", ["item", "callback-print", "branch"])
+def test_the_report_text_is_the_same_on_single_xla_xla_spmd_and_xla_fsdp_v2(tmp_path, trigger):
+    reports = {  # the compile seconds are measured, so they differ: everything else is the same text
+        strategy: re.sub(
+            r"\d+\.\d\d s compiling",
+            "N s compiling",
+            the_one_report(
+                fit(tmp_path / strategy, trigger, "--strategy", strategy, devices=1 if strategy == "single_xla" else 4)
+            ),
+        )
+        for strategy in ("single_xla", "xla_spmd", "xla_fsdp_v2")
+    }
+    assert reports["xla_spmd"] == reports["single_xla"]
+    assert reports["xla_fsdp_v2"] == reports["single_xla"]
+    assert reports["single_xla"].startswith(MONITOR)
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)

@@ -154,3 +154,10 @@ def test_the_example_trains_on_single_xla_through_the_plain_trainer(example_run)
 @pytest.mark.xla
 def test_the_output_layer_is_still_tied_after_fit(example_run):
     assert example_run.stdout.rstrip("\n").splitlines()[-1].endswith("tied=True")
+
+
+@pytest.mark.xla
+def test_the_example_gives_no_compile_monitor_report_and_ends_with_its_summary(example_run):
+    output = example_run.stdout + example_run.stderr
+    assert "XLA compile monitor:" not in output  # no late compilation, no host read inside a step
+    assert "XLA compile monitor (fit):" in output  # the monitor ran: its summary when fit ended

@@ -77,6 +77,15 @@ def test_a_batch_that_cannot_be_joined_is_refused_with_the_type_and_the_ways_out
         concatenate([torch.tensor(0.5), torch.tensor(1.5)])
 
 
+def test_per_device_batches_of_different_lengths_are_refused_with_the_shapes_and_the_ways_out():
+    # what a collate function padding each device's batch to its own longest sequence gives
+    with pytest.raises(TypeError, match=r"different shapes \(1x5, 1x7\).*fixed max_length.*batch='global'"):
+        concatenate([torch.zeros(1, 5), torch.zeros(1, 7)])
+    with pytest.raises(TypeError, match=r"different shapes \(2x3, list\)"):
+        concatenate([{"x": torch.zeros(2, 3)}, {"x": [1, 2]}])
+    assert concatenate([torch.zeros(1, 5), torch.ones(2, 5)]).shape == (3, 5)  # the first dimension may differ
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_global_batches_follow_the_loaders_drop_last(drop_last):
     loader = DataLoader(range(70), batch_size=4, drop_last=drop_last)  # 17 full batches, and 2 left over

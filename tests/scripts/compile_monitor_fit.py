@@ -3,6 +3,9 @@ tests/test_compile_monitor.py.
 
     python compile_monitor_fit.py --trigger none|padding|item|callback-print [--strategy S] [--recompiles B]
 
+On several devices (``xla_spmd``, ``xla_fsdp_v2``) the data grow with the device count, so every
+strategy trains the same number of steps on per-device batches of 1.
+
 ``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
 longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
 in ``training_step``. ``callback-print``: a callback prints the loss in ``on_train_batch_end``.
@@ -23,6 +26,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from xla_plugins.accelerator import XLAAccelerator
 from xla_plugins.compile_monitor import CompileMonitor
 from xla_plugins.loop_phases import read_counters
 from xla_plugins.recompile_budget import LateCompilationWarning
@@ -104,12 +108,16 @@ def main() -> None:
     args = parser.parse_args()
 
     L.seed_everything(0)
-    train = Sequences(TRAIN_ITEMS, growing=args.trigger == "padding")
+    # every strategy trains the same steps: one batch of 1 per device, TRAIN_ITEMS steps an epoch
+    devices = 1 if args.strategy == "single_xla" else XLAAccelerator.auto_device_count()
+    train = Sequences(TRAIN_ITEMS * devices, growing=args.trigger == "padding")
     callbacks: list[L.Callback] = [EpochSetter(train)]
     if args.trigger == "callback-print":
         callbacks.append(Printer())
     if args.strategy == "single_xla":
         from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy as Strategy
+    elif args.strategy == "xla_fsdp_v2":
+        from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy as Strategy
     else:
         from xla_plugins.strategies.xla_spmd import XLASPMDStrategy as Strategy
     strategy = Strategy(recompiles=args.recompiles) if args.recompiles else args.strategy
@@ -133,7 +141,7 @@ def main() -> None:
                 Model(args.trigger),
                 DataLoader(train, batch_size=1, collate_fn=pad_to_longest),
                 DataLoader(
-                    Sequences(VAL_ITEMS + (args.trigger == "partial-validation"), growing=False),
+                    Sequences(VAL_ITEMS * devices + (args.trigger == "partial-validation"), growing=False),
                     batch_size=2 if args.trigger == "partial-validation" else 1,
                     collate_fn=pad_to_longest,
                 ),

@@ -92,16 +92,17 @@ def concatenate(batches: Sequence[Any]) -> Any:
 
     Raises:
         TypeError: a value of a type that cannot be joined (a user batch class that is not a
-            dataclass, for example one with its own ``.to()``), or batch-wide values that differ
-            between the batches; the message names the type or the values and the ways out
-            (``batch="global"``, or one of the structures above). Taking the first batch's value
-            instead would train each step on one device's share of the data.
+            dataclass, for example one with its own ``.to()``), batch-wide values that differ
+            between the batches, or tensors that differ beyond the first dimension; the message
+            names the type, the values or the shapes and the ways out (``batch="global"``, or one
+            of the structures above). Taking the first batch's value instead would train each step
+            on one device's share of the data.
     """
     first = batches[0]
     if len(batches) == 1:
         return first
     if isinstance(first, Tensor):
-        return torch.cat(list(batches)) if first.dim() > 0 else _same_value(batches)
+        return _joined_tensor(batches) if first.dim() > 0 else _same_value(batches)
     if isinstance(first, Mapping):
         return type(first)({key: concatenate([batch[key] for batch in batches]) for key in first})  # type: ignore[call-arg]
     if isinstance(first, tuple):
@@ -125,6 +126,27 @@ def concatenate(batches: Sequence[Any]) -> Any:
         " mappings, tuples, lists and dataclasses only. Return one of those from the collate function (a"
         " dataclass keeps attribute access), or pass `batch='global'` to the strategy"
         " (`XLASPMDStrategy(batch='global')`) so that each loader batch is the global batch as it is."
+    )
+
+
+def _joined_tensor(batches: Sequence[Any]) -> Tensor:
+    """The per-device tensors of one field joined along the first dimension (``torch.cat``).
+
+    Raises:
+        TypeError: a batch holds no tensor there, or the tensors differ beyond the first dimension
+            (each device's collate function padded to its own longest sequence, say); the message
+            names the shapes and the ways out.
+    """
+    first = batches[0]
+    if all(isinstance(b, Tensor) and b.dim() == first.dim() and b.shape[1:] == first.shape[1:] for b in batches):
+        return torch.cat(list(batches))
+    shapes = ", ".join("x".join(map(str, b.shape)) if isinstance(b, Tensor) else type(b).__qualname__ for b in batches)
+    raise TypeError(
+        f"The {len(batches)} per-device batches of one step have tensors of different shapes ({shapes}), which"
+        " cannot be joined into a global batch: the SPMD strategies join one loader batch per device along the"
+        " first dimension. Pad every batch to one fixed length (a collate_fn with a fixed max_length), or pass"
+        " `batch='global'` to the strategy (`XLASPMDStrategy(batch='global')`) so that each loader batch, padded"
+        " as a whole, is the global batch."
     )
 
 
