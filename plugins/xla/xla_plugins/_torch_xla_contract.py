@@ -67,6 +67,8 @@ NUM_LOCAL_PROCESSES = {
 }
 # the runtime adapter and auto-detection
 RUNTIME_IS_INITIALIZED = PrivateName("torch_xla:_XLAC._xla_runtime_is_initialized", BINDING)
+# the persistent compilation cache: whether the process compiled already (torch_xla.runtime.initialize_cache's check)
+COMPUTATION_CACHE_IS_INITIALIZED = PrivateName("torch_xla:_XLAC._xla_computation_cache_is_initialized", BINDING)
 NUM_AVAILABLE_TPU_CHIPS = PrivateName("torch_xla._internal.tpu:num_available_chips", FUNCTION)
 # the metric reads
 CONVERT_TO_CPU = PrivateName("torch_xla.core.xla_model:_maybe_convert_to_cpu", FUNCTION, ("data", "convert"))
@@ -92,6 +94,7 @@ NAMES: tuple[PrivateName, ...] = (
     INITIALIZE_MULTIPROCESS,
     *NUM_LOCAL_PROCESSES.values(),
     RUNTIME_IS_INITIALIZED,
+    COMPUTATION_CACHE_IS_INITIALIZED,
     NUM_AVAILABLE_TPU_CHIPS,
     CONVERT_TO_CPU,
     TENSOR_DEBUG_INFO,
@@ -137,6 +140,11 @@ def num_available_tpu_chips() -> int:
 def runtime_is_initialized() -> bool:
     """``torch_xla._XLAC._xla_runtime_is_initialized``: whether this process runs the PJRT runtime."""
     return bool(_resolve(RUNTIME_IS_INITIALIZED.path)())
+
+
+def computation_cache_is_initialized() -> bool:
+    """Whether this process's compilation cache is set up (it is at the first compilation)."""
+    return bool(_resolve(COMPUTATION_CACHE_IS_INITIALIZED.path)())
 
 
 def convert_to_cpu(data: Any) -> Any:

@@ -54,8 +54,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from xla_plugins import _torch_xla_contract
-from xla_plugins.compile_reports import hook_line, report_text, shapes_text, summary_lines
+from xla_plugins import _torch_xla_contract, compile_cache
+from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
 from xla_plugins.loop_phases import Counts, Phase, PhaseProfiler, read_counters
 from xla_plugins.recompile_budget import (
@@ -99,6 +99,7 @@ class CompileMonitor(Callback):
         self._start_run(None)
 
     def _start_run(self, trainer: Any) -> None:
+        """Start counting a run of ``trainer`` (a Trainer, or the Fabric strategy; ``None``: not yet)."""
         self._trainer = trainer
         self.phases: dict[str, Phase] = {}
         self.reports: list[str] = []
@@ -112,10 +113,9 @@ class CompileMonitor(Callback):
         self._compilations, self._compile_s = self._first[0], self._first[1]
         self._causes: dict[tuple[str, ...], Counts] = {}
         self._shapes_seen: dict[str, set[tuple]] = {}
-        #: (loop, input shapes) first seen since the last compilation; the shapes are a tuple of tensor shapes
-        self._new_shapes: list[tuple[str, tuple]] = []
-        #: whether one of them is not the first shape its loop saw (a second shape: never warm-up)
-        self._other_shapes = False
+        #: (loop, input shapes, whether its loop saw other shapes before: never warm-up) first seen since the
+        #: last compilation; the shapes are a tuple of tensor shapes
+        self._new_shapes: list[tuple[str, tuple, bool]] = []
         self._reading = False
 
     # -- boundaries -------------------------------------------------------------------------------
@@ -166,9 +166,10 @@ class CompileMonitor(Callback):
             self._compilations, self._compile_s = compilations, compile_s
         phase = self._current()
         phase.counts.add(delta)
-        new_shapes, other_shapes = self._new_shapes, self._other_shapes
+        new_shapes = self._new_shapes
+        other_shapes = any(other for *_, other in new_shapes)
         if delta.compilations:
-            self._new_shapes, self._other_shapes = [], False
+            self._new_shapes = []
         if phase.calls <= self.warmup_calls and not (delta.compilations and other_shapes):
             return
         if read is not None and phase.in_step:
@@ -178,17 +179,35 @@ class CompileMonitor(Callback):
                 return
         if delta.compilations:
             phase.late_compilations += delta.compilations
-            step_hook = "training_step" if phase.hook in ("backward", "optimizer_step") else None
+            step_hook = self._step_of_phase(phase)
             if new_shapes:
-                step_hook = _STEP_OF_LOOP[new_shapes[0][0]]
-                shown = "; ".join(shapes_text(shapes) for _, shapes in new_shapes)
+                step_hook = self._step_of_loop[new_shapes[0][0]]
+                shown = "; ".join(shapes_text(shapes) for _, shapes, _ in new_shapes)
                 kind, why = "shapes", f"new input shapes ({shown}) not seen before in this loop"
             else:
                 kind, why = "graph", "a graph that differs from the previous one, with input shapes seen before"
             where = phase.label
             if step_hook is not None and step_hook != phase.hook:
-                where = f"{step_hook} (its graph ran at {phase.label})"
-            self._report(phase, (kind,), delta, why, hook_line(self._trainer, phase, step_hook), where)
+                where = f"{self._step_label(step_hook)} (its graph ran at {phase.label})"
+            self._report(phase, (kind,), delta, why, self._compilation_line(phase, step_hook), where)
+
+    # -- what a late compilation names (the Trainer's hooks; xla_plugins.fabric_steps names Fabric's) --------
+
+    #: the step hook of each loop, by the loop names of :meth:`_on_batch`
+    _step_of_loop = _STEP_OF_LOOP
+    #: the hooks whose calls the summary counts as steps
+    _step_hooks = frozenset(_STEP_OF_LOOP.values())
+
+    def _step_of_phase(self, phase: Phase) -> Optional[str]:
+        """The step hook whose graph runs in ``phase``: ``training_step`` for ``backward`` and ``optimizer_step``."""
+        return "training_step" if phase.hook in ("backward", "optimizer_step") else None
+
+    def _step_label(self, step_hook: str) -> str:
+        return step_hook
+
+    def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[str]:
+        """Where the code that built the compiled graph starts: the hook's definition (:func:`hook_line`)."""
+        return hook_line(self._trainer, phase, step_hook)
 
     def _report(
         self, phase: Phase, cause: tuple, delta: Counts, why: str, line: Optional[str], where: Optional[str] = None
@@ -226,9 +245,8 @@ class CompileMonitor(Callback):
         signature = tuple(shapes)
         seen = self._shapes_seen.setdefault(loop, set())
         if signature not in seen:
-            self._other_shapes = self._other_shapes or bool(seen)
+            self._new_shapes.append((loop, signature, bool(seen)))
             seen.add(signature)
-            self._new_shapes.append((loop, signature))
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._on_batch("train", batch)
@@ -253,6 +271,7 @@ class CompileMonitor(Callback):
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
         for line in summary_lines(self.summary):
             rank_zero_info(line)
+        compile_cache.warn_if_unreadable()
         self._trainer = None
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -262,36 +281,9 @@ class CompileMonitor(Callback):
             trainer.profiler = trainer.profiler.inner
 
     def _summarize(self, stage: str) -> dict[str, Any]:
-        phases = [p for p in (*self.phases.values(), self._outside) if p.counts]
-        steps = sum(
-            p.calls
-            for p in self.phases.values()
-            if p.hook in ("training_step", "validation_step", "test_step", "predict_step")
-        )
-        step_reads = sum(p.counts.host_reads for p in phases if p.in_step)
-        tensor_reads = sum(p.counts.host_reads for p in phases)
-        last = read_counters()
-        return {
-            "stage": stage,
-            "compilations": last[0] - self._first[0],
-            "compile_s": last[1] - self._first[1],
-            "host_reads": last[2] - self._first[2],
-            "host_reads_not_through_tensor_methods": last[2] - self._first[2] - tensor_reads,
-            "late_compilations": sum(p.late_compilations for p in phases),
-            "reports": len(self.reports),
-            "steps": steps,
-            "host_reads_in_steps": step_reads,
-            "phases": {
-                p.label: {
-                    "calls": p.calls,
-                    "compilations": p.counts.compilations,
-                    "compile_s": p.counts.compile_s,
-                    "host_reads": p.counts.host_reads,
-                    "late_compilations": p.late_compilations,
-                }
-                for p in phases
-            },
-        }
+        steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
+        phases = [*self.phases.values(), self._outside]
+        return run_summary(stage, phases, steps, len(self.reports), self._first, read_counters())
 
 
 def install(trainer: Any) -> Optional[CompileMonitor]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
+from xla_plugins import compile_cache
 from xla_plugins.loop_phases import Counts, Phase
 from xla_plugins.recompile_budget import BUDGET_VARIABLE
 
@@ -77,6 +78,48 @@ def report_text(
     )
 
 
+Totals = tuple[int, float, int]  # torch_xla's (compilations, compile seconds, transfers): loop_phases.read_counters
+
+
+def run_summary(
+    stage: str, phases: list[Phase], steps: int, reports: int, first: Totals, last: Totals
+) -> dict[str, Any]:
+    """The run's summary (``CompileMonitor.summary``): totals from torch_xla's counters, then the phases' counts.
+
+    Args:
+        stage: the run's stage (``"fit"``, ..., ``"fabric"``).
+        phases: every phase of the run (those with nothing counted are left out).
+        steps: the calls of the step hooks.
+        reports: the causes reported.
+        first: :func:`~xla_plugins.loop_phases.read_counters` when the run started.
+        last: the same, now.
+    """
+    phases = [p for p in phases if p.counts]
+    tensor_reads = sum(p.counts.host_reads for p in phases)
+    return {
+        "stage": stage,
+        "persistent_cache": compile_cache.cache_counts(),
+        "compilations": last[0] - first[0],
+        "compile_s": last[1] - first[1],
+        "host_reads": last[2] - first[2],
+        "host_reads_not_through_tensor_methods": last[2] - first[2] - tensor_reads,
+        "late_compilations": sum(p.late_compilations for p in phases),
+        "reports": reports,
+        "steps": steps,
+        "host_reads_in_steps": sum(p.counts.host_reads for p in phases if p.in_step),
+        "phases": {
+            p.label: {
+                "calls": p.calls,
+                "compilations": p.counts.compilations,
+                "compile_s": p.counts.compile_s,
+                "host_reads": p.counts.host_reads,
+                "late_compilations": p.late_compilations,
+            }
+            for p in phases
+        },
+    }
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The lines of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one per phase."""
     steps = summary["steps"]
@@ -96,7 +139,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
         f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
     )
+    cache = summary.get("persistent_cache")
+    if cache is not None:
+        lines.append(
+            f"  persistent compilation cache {compile_cache.enabled_folder()}: {cache['hits']} executable(s) read"
+            f" back, {cache['misses']} compiled and written, {cache['unreadable']} found but unreadable (this process)"
+        )
     return lines
 
 
-__all__ = ["hook_line", "report_text", "shapes_text", "summary_lines"]
+__all__ = ["hook_line", "report_text", "run_summary", "shapes_text", "summary_lines"]

@@ -11,7 +11,7 @@ mechanism and the standard library; a read from Lightning's or this plugin's own
 
 from __future__ import annotations
 
-import inspect
+import linecache
 import sys
 from collections.abc import Callable
 from typing import Any, Optional, Protocol
@@ -39,13 +39,14 @@ _SKIPPED = (
     "torch_xla",
     "xla_plugins.host_reads",
     "xla_plugins.compile_monitor",
+    "xla_plugins.fabric_steps",
     "importlib",
     "contextlib",
     "functools",
     "typing",
 )
 #: Modules whose frames mean Lightning or this plugin asked for the read, not the user.
-_OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
+OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "lightning_utilities", "xla_plugins", "trainer_plugins")
 
 
 class Reader(Protocol):
@@ -103,20 +104,32 @@ def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def user_line(frame: Any) -> Optional[str]:
-    """``file:line  code`` of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
+def user_frame(frame: Any, through: tuple[str, ...] = ()) -> Optional[Any]:
+    """The first frame from ``frame`` outward that is the user's; ``None`` if Lightning's or this plugin's own.
+
+    Frames of modules in ``through`` (prefixes, e.g. Lightning's when Fabric's module wrapper called
+    in) are passed like the mechanism's own.
+    """
     while frame is not None:
         module = _module_of(frame)
         top = module.partition(".")[0]
-        if _matches(module, _SKIPPED) or top in sys.stdlib_module_names:
+        if _matches(module, _SKIPPED) or _matches(module, through) or top in sys.stdlib_module_names:
             frame = frame.f_back
             continue
-        if _matches(module, _OWN):
-            return None
-        info = inspect.getframeinfo(frame, context=1)
-        code = info.code_context[0].strip() if info.code_context else ""
-        return f"{info.filename}:{info.lineno}  `{code}`"
+        return None if _matches(module, OWN) else frame
     return None
+
+
+def line_text(filename: str, lineno: int) -> str:
+    """``file:line  `code``` for the report (the source line from ``linecache``, blank if unreadable)."""
+    code = linecache.getline(filename, lineno).strip()
+    return f"{filename}:{lineno}  `{code}`"
+
+
+def user_line(frame: Any) -> Optional[str]:
+    """``file:line  code`` of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
+    found = user_frame(frame)
+    return None if found is None else line_text(found.f_code.co_filename, found.f_lineno)
 
 
 def read_cause(method: str) -> str:
@@ -131,4 +144,4 @@ def read_cause(method: str) -> str:
     return f"a host read ({what.get(method, f'{method.strip(chr(95))}(tensor)')})"
 
 
-__all__ = ["READ_METHODS", "Reader", "read_cause", "unwrap_reads", "user_line", "wrap_reads"]
+__all__ = ["READ_METHODS", "Reader", "line_text", "read_cause", "unwrap_reads", "user_frame", "user_line", "wrap_reads"]

@@ -32,8 +32,19 @@ _STEP_HOOKS = frozenset(
         "on_before_zero_grad",
         "configure_gradient_clipping",
         "run_training_batch",
+        "step",  # a training step of a Fabric loop (xla_plugins.fabric_steps)
+        "forward",
     }
 )
+
+#: Prefix of the phases of a Fabric loop (:mod:`xla_plugins.fabric_steps`), which has no profiler actions.
+FABRIC = "[Fabric]"
+#: How the report names each phase of a Fabric loop, by hook.
+_FABRIC_LABELS = {
+    "step": "the training step",
+    "forward": "the module's forward",
+    "optimizer_step": "optimizer.step",
+}
 
 
 @dataclass
@@ -84,11 +95,15 @@ class Phase:
     @property
     def hook(self) -> str:
         """The hook's name: ``training_step`` for ``[Strategy]SingleDeviceXLAStrategy.training_step``."""
+        if self.action.startswith(FABRIC):
+            return self.action[len(FABRIC) :]
         return self.action.rpartition(".")[2] if self.action.startswith("[") else self.action
 
     @property
     def label(self) -> str:
         """The hook and who runs it: ``on_train_batch_end of callback Printer``, ``training_step``."""
+        if self.action.startswith(FABRIC):
+            return _FABRIC_LABELS.get(self.hook, self.hook)
         if self.action.startswith("[Callback]"):
             owner = self.action[len("[Callback]") :].rpartition(".")[0].split("{")[0]
             return f"{self.hook} of callback {owner}"
@@ -154,4 +169,4 @@ class PhaseProfiler(Profiler):
         return getattr(self.inner, name)
 
 
-__all__ = ["Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]
+__all__ = ["FABRIC", "Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Optional, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -210,12 +210,67 @@ class FabricXLAPrecision(_XLAPrecisionBehaviour, _LightningFabricXLAPrecision): 
 
     Its optimizer step is Lightning's: ``xm.optimizer_step(optimizer, barrier=True)``, which reduces
     the gradients across replicas, steps, and syncs the graph right away (better for performance).
-    As the Trainer's, it sets no ``XLA_USE_*`` variable.
+    As the Trainer's, it sets no ``XLA_USE_*`` variable. Fabric calls it at every forward of a set-up
+    module and every ``optimizer.step()``: it tells :attr:`step_boundaries` (the compile monitor of
+    :mod:`xla_plugins.fabric_steps`, when one is installed) where each starts and ends. It leaves
+    ``backward`` to Lightning: Fabric takes a precision plugin that overrides it as one that needs
+    ``fabric.backward(loss)``, and would refuse ``loss.backward()``.
 
     Raises:
         ValueError: unsupported precision (see :func:`check_precision`).
         ModuleNotFoundError: torch_xla is not installed.
     """
+
+    #: the Fabric compile monitor watching the steps (``xla_plugins.fabric_steps.FabricCompileMonitor``), or None
+    step_boundaries: Optional[FabricStepBoundaries] = None
+
+    def convert_input(self, data: Any) -> Any:
+        if self.step_boundaries is not None:
+            self.step_boundaries.forward_called(data)
+        return super().convert_input(data)
+
+    @contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        with _phase(self.step_boundaries, "forward"), super().forward_context():
+            yield
+
+    def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
+        boundaries = self.step_boundaries
+        with _phase(boundaries, "optimizer_step"):
+            result = super().optimizer_step(optimizer, **kwargs)
+        if boundaries is not None:
+            boundaries.optimizer_stepped()
+        return result
+
+
+class FabricStepBoundaries(Protocol):
+    """What :class:`FabricXLAPrecision` tells of a Fabric loop's steps (``xla_plugins.fabric_steps``)."""
+
+    def forward_called(self, data: Any) -> None:
+        """A set-up module's forward is called with ``data`` (its ``(args, kwargs)``)."""
+
+    def enter(self, action: str) -> None:
+        """A phase starts: ``"[Fabric]forward"`` or ``"[Fabric]optimizer_step"``."""
+
+    def leave(self, action: str) -> None:
+        """The phase ``action`` ends."""
+
+    def optimizer_stepped(self) -> None:
+        """``optimizer.step()`` returned."""
+
+
+@contextmanager
+def _phase(boundaries: Optional[FabricStepBoundaries], hook: str) -> Generator[None, None, None]:
+    """Tell ``boundaries`` (if any) that the Fabric phase ``hook`` runs while the block runs."""
+    if boundaries is None:
+        yield
+        return
+    action = f"[Fabric]{hook}"
+    boundaries.enter(action)
+    try:
+        yield
+    finally:
+        boundaries.leave(action)
 
 
 class TPUPrecisionPlugin(XLAPrecision):

@@ -23,3 +23,24 @@ class HasCompileBudget:
     def __init__(self, *args: Any, recompiles: Optional[str] = None, **kwargs: Any) -> None:
         self.recompiles = check_budget(recompiles)
         super().__init__(*args, **kwargs)
+
+
+class MonitorsFabricSteps(HasCompileBudget):
+    """Mixin for Fabric's XLA strategies: ``recompiles=`` as above, and the compile monitor of Fabric's steps.
+
+    The monitor (:mod:`xla_plugins.fabric_steps`) is installed when the first module is set up
+    (``fabric.setup`` / ``fabric.setup_module``; Fabric calls no strategy hook earlier on one device)
+    and is then :attr:`compile_monitor` (``None`` with the budget ``off``).
+
+    Raises:
+        ValueError: ``recompiles`` or ``XLA_PLUGINS_RECOMPILES`` is not a budget (the first at construction,
+            the second when the first module is set up).
+    """
+
+    compile_monitor: Optional[Any] = None
+
+    def setup_module(self, module: Any) -> Any:
+        from xla_plugins import fabric_steps
+
+        fabric_steps.install(self)
+        return super().setup_module(module)  # type: ignore[misc]

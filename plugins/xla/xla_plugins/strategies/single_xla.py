@@ -16,6 +16,7 @@ from xla_plugins import _runtime
 from xla_plugins.recompile_budget import check_budget
 from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
@@ -90,6 +91,7 @@ class SingleDeviceXLAStrategy(
 
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
+    MonitorsFabricSteps,
     CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,
     KeepsOptimizersOnMovedParameters,
@@ -101,10 +103,17 @@ class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     Fabric's counterpart of :class:`SingleDeviceXLAStrategy`. Unlike Lightning's, it keeps the
     optimizers on the parameters of the moved module, in ``fabric.setup(model, optimizer)`` and in
     ``fabric.setup_optimizers`` after ``fabric.setup_module`` (see
-    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and seeds
-    the device RNG when a module is set up.
+    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), seeds
+    the device RNG when a module is set up, and watches the loop's steps for late compilations and
+    host reads (:mod:`xla_plugins.fabric_steps`).
+
+    Args:
+        device, accelerator, checkpoint_io, precision: as Lightning's ``SingleDeviceXLAStrategy``.
+        recompiles: the compile monitor's budget (keyword; see
+            :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
 
     Raises:
+        ValueError: ``recompiles`` is not ``"warn"``, ``"error"``, ``"off"`` or ``None``.
         ModuleNotFoundError: torch_xla is not installed.
     """
 
@@ -114,7 +123,10 @@ class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
         accelerator: Optional[Any] = None,
         checkpoint_io: Optional[Any] = None,
         precision: Optional[Any] = None,
+        *,
+        recompiles: Optional[str] = None,
     ) -> None:
+        self.recompiles = check_budget(recompiles)
         _FabricSingleDeviceStrategy.__init__(
             self, device=xla_device(device), accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision
         )

@@ -15,7 +15,7 @@ from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
-from xla_plugins.strategies._compile_budget import HasCompileBudget
+from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -152,6 +152,7 @@ class XLAStrategy(  # type: ignore[misc]
 
 
 class FabricXLAStrategy(  # type: ignore[misc]
+    MonitorsFabricSteps,
     CorrectsBatchNormWithModule,
     _OneWorkerPerDevice,
     SeedsDeviceWithModule,
@@ -166,9 +167,13 @@ class FabricXLAStrategy(  # type: ignore[misc]
     max and min, and the device RNG seeded when a module is set up. ``fabric.setup_optimizers``
     after ``fabric.setup_module`` is refused with Lightning's ``RuntimeError`` (set the model and
     optimizers up together with ``fabric.setup``). Its precision
-    plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients.
+    plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients. The
+    loop's steps are watched for late compilations and host reads (:mod:`xla_plugins.fabric_steps`;
+    ``recompiles``, keyword, is the budget, see
+    :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
 
     Raises:
+        ValueError: ``recompiles`` is not a budget.
         ModuleNotFoundError: torch_xla is not installed.
     """
 

@@ -183,8 +183,10 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
         auto_wrap_policy: Any = None,
         activation_checkpointing_policy: Any = None,
         state_dict_type: str = "full",
+        recompiles: Optional[str] = None,
     ) -> None:
         super().__init__(
+            recompiles=recompiles,
             mesh_shape=mesh_shape,
             axis_names=axis_names,
             auto_wrap_policy=auto_wrap_policy,

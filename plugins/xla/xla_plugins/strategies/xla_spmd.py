@@ -15,7 +15,7 @@ from typing_extensions import override
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
-from xla_plugins.strategies._compile_budget import HasCompileBudget
+from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -128,6 +128,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
+    MonitorsFabricSteps,
     CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,
     SeedsDeviceWithModule,
@@ -143,10 +144,12 @@ class FabricXLASPMDStrategy(  # type: ignore[misc]
     as they are. Optimizers follow the module's parameters to the device
     (:class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and the
     device RNG is seeded when a module is set up
-    (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`).
+    (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`). The loop's steps are watched for
+    late compilations and host reads (:mod:`xla_plugins.fabric_steps`; ``recompiles``, keyword, is the
+    budget, see :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
 
     Raises:
-        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``.
+        ValueError: ``batch`` is not ``"per_device"`` or ``"global"``; ``recompiles`` is not a budget.
         ModuleNotFoundError: torch_xla is not installed.
     """
 
@@ -158,8 +161,11 @@ class FabricXLASPMDStrategy(  # type: ignore[misc]
         checkpoint_io: Optional[Any] = None,
         precision: Optional[Any] = None,
         batch: str = _batches.PER_DEVICE,
+        *,
+        recompiles: Optional[str] = None,
     ) -> None:
         super().__init__(
+            recompiles=recompiles,
             batch=batch,
             accelerator=accelerator,
             parallel_devices=parallel_devices,

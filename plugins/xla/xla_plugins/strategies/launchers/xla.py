@@ -117,6 +117,15 @@ class FabricXLALauncher(_LightningFabricXLALauncher):
     def _wrapping_function(  # type: ignore[override]
         self, process_idx: int, function: Callable, args: Any, kwargs: Any, return_queue: Any, channel: Any
     ) -> None:
-        function = partial(_then_progress, function)
+        function = partial(_then_progress, partial(_then_finish_monitors, function))
         replica = partial(super()._wrapping_function, process_idx, function, args, kwargs, return_queue)
         run_replica(self._main_pid, channel, replica)
+
+
+def _then_finish_monitors(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, then the summary of the Fabric compile monitors of this replica."""
+    from xla_plugins import fabric_steps
+
+    result = function(*args, **kwargs)
+    fabric_steps.finish_this_thread()
+    return result
