@@ -67,3 +67,15 @@ def test_a_fit_saving_top_k_and_last_every_epoch_settles(reports):
     """ModelCheckpoint(save_top_k=2, save_last=True), 5 epochs: from epoch 3 on, an epoch compiles nothing
     (it compiled 24 programs every epoch before, 12 a save)."""
     assert reports("full")["per_epoch"][2:] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_the_teardown_moves_the_sharded_state_to_the_cpu_compiling_at_most_one_program_per_shape(
+    reports, state_dict_type
+):
+    """Lightning's move (module.cpu(), the optimizers' state) compiled a program per tensor at every teardown:
+    16 here (four parameters and their Adam state). Through the gather graphs: at most one per distinct
+    shape, and none where the full saves compiled them already."""
+    report = reports(state_dict_type)["trainer"]
+    assert report["teardown_compiled"] <= (0 if state_dict_type == "full" else 4)
+    assert report["on_the_cpu_after_fit"] and report["equal_after_fit"]

@@ -6,7 +6,9 @@ with the Trainer (``trainer.save_checkpoint``) and with Fabric (``fabric.save``)
 save (the count of its ``CompileTime`` metric, which every compilation records, torch_xla's
 replication of a sharded tensor for a transfer included), and whether the saved model and Adam
 tensors equal the model's and optimizer's (full format); for the full format also the programs compiled
-in each of 5 epochs of a Trainer fit whose ``ModelCheckpoint`` saves the top 2 and the last every epoch.
+in each of 5 epochs of a Trainer fit whose ``ModelCheckpoint`` saves the top 2 and the last every epoch;
+for the Trainer also the programs compiled by the strategy's teardown (which moves the sharded state to the
+CPU) and whether the moved parameters and Adam's state are on the CPU and equal the trained values.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class Model(L.LightningModule):
                 equal(full(states[i]), full(optimizer.state[p])) for i, p in enumerate(params)
             )
             self.report["shapes"] = {k: list(v.shape) for k, v in saved["state_dict"].items()}
+        self.live = full(self.state_dict())
+        self.report["mark_before_teardown"] = compilations()
 
 
 def trainer_run(out: str, state_dict_type: str) -> dict:
@@ -101,6 +105,15 @@ def trainer_run(out: str, state_dict_type: str) -> dict:
         enable_model_summary=False,
     )
     trainer.fit(model, loader())
+    # the strategy's teardown moved the sharded parameters and Adam's state to the CPU
+    model.report["teardown_compiled"] = compilations() - model.report.pop("mark_before_teardown")
+    model.report["on_the_cpu_after_fit"] = all(p.device.type == "cpu" for p in model.parameters()) and all(
+        t.device.type == "cpu"
+        for state in trainer.optimizers[0].state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
+    model.report["equal_after_fit"] = equal(model.state_dict(), model.live)
     return model.report
 
 

@@ -128,19 +128,26 @@ def gather_full(state: Any, mesh: Any) -> Any:
 
     Every host must call it (each runs the same graphs, as SPMD requires).
     """
+    return apply_to_collection(state, Tensor, gather_tensor, mesh)
+
+
+def gather_tensor(tensor: Tensor, mesh: Any) -> Tensor:
+    """``tensor`` on the CPU if it is a sharded XLA tensor (gathered as :func:`gather_full` does), else ``tensor``."""
     import torch_xla.distributed.spmd as xs
 
-    def gather(tensor: Tensor) -> Tensor:
-        if tensor.device.type != "xla" or tensor.dim() == 0:
-            return tensor
-        if _torch_xla_contract.sharding_spec(tensor) in ("", "{replicated}"):
-            return tensor
-        with torch.no_grad():
-            copy = tensor * tensor.new_ones(())  # a new value of the same dtype (bool too) to mark replicated
-        xs.mark_sharding(copy, mesh, (None,) * copy.dim())
-        return copy.cpu()
+    if tensor.device.type != "xla" or tensor.dim() == 0:
+        return tensor
+    if _torch_xla_contract.sharding_spec(tensor) in ("", "{replicated}"):
+        return tensor
+    with torch.no_grad():
+        copy = tensor * tensor.new_ones(())  # a new value of the same dtype (bool too) to mark replicated
+    xs.mark_sharding(copy, mesh, (None,) * copy.dim())
+    return copy.cpu()
 
-    return apply_to_collection(state, Tensor, gather)
+
+def to_host(tensor: Tensor, mesh: Any) -> Tensor:
+    """``tensor`` on the CPU: sharded ones through :func:`gather_tensor`'s cached graphs, others with ``.cpu()``."""
+    return gather_tensor(tensor, mesh).cpu()
 
 
 def _strip_wrapper_names(module: Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

@@ -18,16 +18,20 @@ the plugin), so the one helper serves both.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from collections.abc import Callable
+from typing import Any, Optional, Union
 
 import torch
 from lightning.pytorch.utilities import find_shared_parameters, set_shared_parameters
+from torch import Tensor
 from torch.nn import Module
 
 _CPU = torch.device("cpu")
 
 
-def move_module(module: Module, device: Union[torch.device, str]) -> Module:
+def move_module(
+    module: Module, device: Union[torch.device, str], convert: Optional[Callable[[Tensor], Tensor]] = None
+) -> Module:
     """Move ``module`` to ``device`` in place (``module.to(device)``), keeping every tie; return it.
 
     Each group of submodule attributes that held one ``Parameter`` before the move holds one again
@@ -37,9 +41,15 @@ def move_module(module: Module, device: Union[torch.device, str]) -> Module:
     Args:
         module: the module to move; may hold tied parameters.
         device: the target device (an XLA device, or the CPU at teardown).
+        convert: how each parameter and buffer reaches ``device``, in place of ``tensor.to(device)``
+            (the sharded strategies gather sharded tensors through cached graphs); applied with
+            ``Module._apply``, the mechanism behind ``Module.to``.
     """
     shared = find_shared_parameters(module)
-    module.to(device)
+    if convert is None:
+        module.to(device)
+    else:
+        module._apply(convert)
     if shared:
         set_shared_parameters(module, shared)
     return module
