@@ -119,6 +119,11 @@ def test_a_checkpoint_io_given_by_the_user_wins():
     from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy
 
     assert SingleDeviceXLAStrategy(checkpoint_io=given).checkpoint_io is given
+    from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy
+
+    # a strategy instance and the plugin given beside it (Lightning refuses both only when both carry one)
+    run = trainer(strategy=XLAFSDPv2Strategy(state_dict_type="sharded"), plugins=[given], max_steps=1)
+    assert run.strategy.checkpoint_io is given
 
 
 def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_after_the_last_write(tmp_path):

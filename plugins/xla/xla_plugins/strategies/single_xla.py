@@ -14,7 +14,10 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 
 from xla_plugins import _runtime
 from xla_plugins.recompile_budget import check_budget
-from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
+from xla_plugins.strategies._background_checkpoints import (
+    FabricWritesCheckpointsInBackground,
+    WritesCheckpointsInBackground,
+)
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -90,6 +93,7 @@ class SingleDeviceXLAStrategy(
 
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
+    FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,
     KeepsOptimizersOnMovedParameters,
@@ -101,8 +105,9 @@ class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     Fabric's counterpart of :class:`SingleDeviceXLAStrategy`. Unlike Lightning's, it keeps the
     optimizers on the parameters of the moved module, in ``fabric.setup(model, optimizer)`` and in
     ``fabric.setup_optimizers`` after ``fabric.setup_module`` (see
-    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and seeds
-    the device RNG when a module is set up.
+    :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), seeds
+    the device RNG when a module is set up, and writes ``fabric.save`` checkpoints atomically in
+    the background (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
 
     Raises:
         ModuleNotFoundError: torch_xla is not installed.

@@ -13,7 +13,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
-from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
+from xla_plugins.strategies._background_checkpoints import (
+    FabricWritesCheckpointsInBackground,
+    WritesCheckpointsInBackground,
+)
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -128,6 +131,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
+    FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,
     SeedsDeviceWithModule,
@@ -143,7 +147,8 @@ class FabricXLASPMDStrategy(  # type: ignore[misc]
     as they are. Optimizers follow the module's parameters to the device
     (:class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and the
     device RNG is seeded when a module is set up
-    (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`).
+    (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`). ``fabric.save`` writes atomically in
+    the background (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
 
     Raises:
         ValueError: ``batch`` is not ``"per_device"`` or ``"global"``.
