@@ -64,20 +64,30 @@ class ReleasesWrites(BackgroundXLACheckpointIO):
         self.out = out
 
     def teardown(self) -> None:
-        GATES[1].set()  # the last write may only finish once fit is ending
+        if self._pending is not None:  # the replica that writes (every replica tears its own copy down)
+            GATES[1].set()  # the last write may only finish once fit is ending
         super().teardown()
         with open(os.path.join(self.out, "trainer-worker.json"), "w") as file:
             json.dump({"events": EVENTS, "during": DURING, "pid": os.getpid()}, file)
 
 
 class Watch(L.Callback):
+    """Rank 0's steps during held writes; its fit's end (the replica threads' ranks are told apart while training)."""
+
+    rank_zero_thread = None
+
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_rank != 0:
             return
+        Watch.rank_zero_thread = threading.current_thread()
         if pending():
             DURING.append([trainer.global_step, EVENTS[-1][1]])
         if trainer.global_step == 5:
             GATES[0].set()
+
+    def teardown(self, trainer, pl_module, stage):  # Lightning calls it after the strategy's teardown
+        if threading.current_thread() is Watch.rank_zero_thread:
+            EVENTS.append(("fit ends", "epoch=-"))
 
 
 class Regression(L.LightningModule):

@@ -221,10 +221,11 @@ def finish_pending_writes() -> None:
 def _finish_at_exit() -> None:
     """At the interpreter's normal exit: wait for every write in flight, and log any that failed.
 
-    A script using Fabric, or a strategy on its own, has no end of ``fit`` to wait at. The writer
-    thread (Lightning's ``AsyncCheckpointIO`` runs a ``ThreadPoolExecutor``) is joined by Python
-    before ``atexit`` functions run, so the last write is complete by then; this reports its error,
-    which nothing would raise otherwise (an error here cannot change the exit status).
+    A script using Fabric, or a strategy on its own, has no end of ``fit`` to wait at. Python joins
+    the writer thread of Lightning's ``AsyncCheckpointIO`` (a ``ThreadPoolExecutor``'s) before
+    ``atexit`` functions run; this wait covers a writer that Python would not join (a daemon
+    thread), and it reports a failed write, which nothing would raise otherwise (an error here
+    cannot change the exit status).
     """
     for writer in list(_WRITERS):
         try:
