@@ -119,11 +119,11 @@ def test_a_checkpoint_io_given_by_the_user_wins():
     from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy
 
     assert SingleDeviceXLAStrategy(checkpoint_io=given).checkpoint_io is given
-    from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy
+    from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
 
-    # a strategy instance and the plugin given beside it (Lightning refuses both only when both carry one)
-    run = trainer(strategy=XLAFSDPv2Strategy(state_dict_type="sharded"), plugins=[given], max_steps=1)
-    assert run.strategy.checkpoint_io is given
+    # a strategy instance carries none until used, so Lightning takes one given beside it through `plugins`
+    # (tests/scripts/sharded_writes.py gives xla_fsdp_v2 instances their held writes so, Trainer and Fabric)
+    assert XLASPMDStrategy()._checkpoint_io is None
 
 
 def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_after_the_last_write(tmp_path):
@@ -219,6 +219,36 @@ def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_pa
     io.teardown()
     assert order == ["first save returned", "first write released", "second save returned"]
     assert [kind for kind, _ in writes.events] == ["start", "end", "start", "end"]
+
+
+@pytest.mark.parametrize("copy", ["host", "device"])
+def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_copy_by_the_writer(
+    tmp_path, monkeypatch, copy
+):
+    from xla_plugins import _torch_xla_contract
+
+    transfers: list[str] = []
+    convert = _torch_xla_contract.convert_to_cpu
+
+    def recorded(data):
+        transfers.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
+        return convert(data)
+
+    monkeypatch.setattr(_torch_xla_contract, "convert_to_cpu", recorded)
+    gate = threading.Event()
+    io = BackgroundXLACheckpointIO(HeldWrites({0: gate}), copy=copy)
+    import torch_xla
+
+    weights, count = torch.ones(3, device=torch_xla.device()), torch.zeros(1)
+    io.save_checkpoint({"w": weights, "count": count}, tmp_path / "a.ckpt")
+    weights.add_(1)  # the training thread goes on changing the state while the write is held
+    count.add_(1)
+    torch_xla.sync()
+    gate.set()
+    io.teardown()
+    assert transfers == ["training thread" if copy == "host" else "writer"]
+    saved = torch.load(tmp_path / "a.ckpt")
+    assert saved["w"].tolist() == [1.0, 1.0, 1.0] and saved["count"].tolist() == [0.0]
 
 
 def test_the_host_copy_is_taken_on_the_training_thread_before_the_hand_off(tmp_path):
@@ -384,8 +414,11 @@ def _fit_and_resume(directory, writes: str, monkeypatch) -> tuple[dict, type]:
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(tmp_path, monkeypatch):
-    background, background_io = _fit_and_resume(tmp_path / "background", "background", monkeypatch)
+@pytest.mark.parametrize("writes", ["background", "device-copy"])
+def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(
+    tmp_path, monkeypatch, writes
+):
+    background, background_io = _fit_and_resume(tmp_path / "background", writes, monkeypatch)
     sync, sync_io = _fit_and_resume(tmp_path / "sync", "sync", monkeypatch)
     assert (background_io, sync_io) == (BackgroundXLACheckpointIO, AtomicXLACheckpointIO)
     first_background = torch.load(tmp_path / "background" / "last.ckpt", weights_only=False)
@@ -400,10 +433,15 @@ def test_the_writes_setting_switches_background_writes_off_and_a_bad_value_names
     monkeypatch.setenv(WRITES_VARIABLE, "sync")
     assert type(default_checkpoint_io()) is AtomicXLACheckpointIO
     monkeypatch.setenv(WRITES_VARIABLE, " Background ")
-    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO
+    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "host"
+    monkeypatch.setenv(WRITES_VARIABLE, "device-copy")
+    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "device"
+    with pytest.raises(ValueError, match=r"copy='gpu' is not valid: choose one of \['host', 'device'\]"):
+        BackgroundXLACheckpointIO(copy="gpu")
     monkeypatch.setenv(WRITES_VARIABLE, "async")
     with pytest.raises(
-        ValueError, match=r"XLA_PLUGINS_CHECKPOINT_WRITES='async' is not valid: choose one of \['background', 'sync'\]"
+        ValueError,
+        match=r"WRITES='async' is not valid: choose one of \['background', 'sync', 'device-copy'\]",
     ):
         default_checkpoint_io()
     with pytest.raises(ValueError, match="XLA_PLUGINS_CHECKPOINT_WRITES='async'"):

@@ -1,16 +1,15 @@
-"""The two halves of writing a sharded checkpoint: the copy of each device's shards to the host, and the files.
+"""The files of a sharded checkpoint, from each device's shards copied to the host.
 
-:func:`sharded_host_copy` runs on the training thread: it takes torch_xla's own staging step for
-asynchronous sharded saves (``_sharded_cpu_state_dict``, what torch_xla's ``CheckpointManager.save_async``
-runs before it hands the state to its thread), which copies each device's shards to the CPU and
-keeps their place in the global tensor, gathering nothing. :func:`write_directory` may run on any
-thread: ``torch.distributed.checkpoint.save`` with torch_xla's ``SPMDSavePlanner`` writes those
-shards, and everything else of the checkpoint goes to :data:`METADATA_FILE` beside them.
+The copy (:func:`~xla_plugins._state_copies.sharded_host_copy`) runs on the training thread;
+:func:`write_directory` may run on any thread: ``torch.distributed.checkpoint.save`` with
+torch_xla's ``SPMDSavePlanner`` writes those shards, and everything else of the checkpoint goes
+to :data:`METADATA_FILE` beside them.
 
-``torch.distributed.checkpoint.async_save`` is not used: its default stager copies plain tensors and
-knows neither torch_xla's sharded tensors nor its CPU shards, and it runs each save in a thread of
-its own, where the checkpoint must share the one writer of :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO`
-(one write in flight) and be committed after its files (:mod:`xla_plugins._commits`).
+``torch.distributed.checkpoint.async_save`` is not used: its default stager copies plain tensors
+and knows neither torch_xla's sharded tensors nor its CPU shards, and it runs each save in a
+thread of its own, where the checkpoint must share the one writer of
+:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` (one write in flight) and be
+committed after its files (:mod:`xla_plugins._commits`).
 """
 
 from __future__ import annotations
@@ -20,28 +19,12 @@ from typing import Any, Optional
 
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning_utilities.core.apply_func import apply_to_collection
-from torch import Tensor
 
-from xla_plugins import _commits, _torch_xla_contract
+from xla_plugins import _commits
 from xla_plugins._silenced_warnings import SHARDED_CHECKPOINT, silenced_on_this_thread
 
 #: File of a sharded checkpoint directory holding everything but the tensors of modules and optimizers.
 METADATA_FILE = "meta.pt"
-
-
-def sharded_host_copy(tensors: Any) -> Any:
-    """A host copy of ``tensors`` (state dicts of sharded modules and optimizers) that the training thread may change.
-
-    Every XLA tensor becomes torch_xla's CPU shards (a sharded one) or a CPU tensor (a replicated
-    one), through ``_sharded_cpu_state_dict``, after ``torch_xla.sync(wait=True)`` (torch_xla reads
-    shards only with no execution in flight); CPU tensors (an optimizer's step count) are cloned.
-    """
-    import torch_xla
-
-    torch_xla.sync(wait=True)
-    cloned = apply_to_collection(tensors, Tensor, lambda t: t if t.device.type == "xla" else t.detach().clone())
-    return _torch_xla_contract.sharded_cpu_state_dict(cloned)
 
 
 def _storage_writer(directory: str) -> Any:
@@ -68,7 +51,7 @@ def storage_reader(directory: str) -> Any:
 def write_directory(
     directory: str, shards: Any, metadata: Optional[dict[str, Any]], process_group: Optional[Any] = None
 ) -> None:
-    """Write a sharded checkpoint's files into ``directory``: ``shards`` (:func:`sharded_host_copy`) and ``metadata``.
+    """Write a sharded checkpoint's files into ``directory``: ``shards`` (on the host) and ``metadata``.
 
     ``torch.distributed.checkpoint.save`` with torch_xla's ``SPMDSavePlanner``; on several hosts it is
     coordinated over ``process_group`` (every host writes its own shards; ``None``: the default

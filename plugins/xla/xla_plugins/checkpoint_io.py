@@ -26,34 +26,24 @@ from lightning.fabric.plugins.io.xla import XLACheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.async_plugin import AsyncCheckpointIO
-from lightning_utilities.core.apply_func import apply_to_collection
 
 from xla_plugins import _commits, _torch_xla_contract
-from xla_plugins._commits import COMMIT_SUFFIX, is_committed
+from xla_plugins._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
 from xla_plugins._logging import log
-from xla_plugins._sharded_writes import sharded_host_copy, write_directory
+from xla_plugins._sharded_writes import write_directory
+from xla_plugins._state_copies import device_copy, host_copy, sharded_host_copy
 
-__all__ = [
-    "COMMIT_SUFFIX",
-    "WRITES_CHOICES",
-    "WRITES_VARIABLE",
-    "AtomicXLACheckpointIO",
-    "BackgroundXLACheckpointIO",
-    "checkpoint_writes",
-    "default_checkpoint_io",
-    "finish_pending_writes",
-    "host_copy",
-    "is_committed",
-]
-
-#: Environment variable choosing how the XLA strategies of the Trainer write checkpoints by default.
+#: Environment variable choosing how the XLA strategies write checkpoints by default.
 WRITES_VARIABLE = "XLA_PLUGINS_CHECKPOINT_WRITES"
-#: Valid values of :data:`WRITES_VARIABLE`: a writer thread (default), or on the training thread.
-WRITES_CHOICES = ("background", "sync")
+#: Valid values of :data:`WRITES_VARIABLE`: a writer thread after a copy to the host (default), on the training
+#: thread, or a writer thread after a copy on the device.
+WRITES_CHOICES = ("background", "sync", "device-copy")
+#: Valid ``copy`` arguments of :class:`BackgroundXLACheckpointIO`.
+COPY_CHOICES = ("host", "device")
 
 
 def checkpoint_writes() -> str:
-    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank) or ``"sync"``.
+    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank), ``"sync"`` or ``"device-copy"``.
 
     Raises:
         ValueError: another value; the message names it and the choices.
@@ -62,7 +52,8 @@ def checkpoint_writes() -> str:
     if text not in WRITES_CHOICES:
         raise ValueError(
             f"{WRITES_VARIABLE}={os.environ[WRITES_VARIABLE]!r} is not valid: choose one of {list(WRITES_CHOICES)}"
-            " ('background': the training step waits only for the copy to the host; 'sync': it waits for the write)."
+            " ('background': the training step waits only for the copy to the host; 'sync': it waits for the write;"
+            " 'device-copy': it waits only for a copy on the device, which holds one more copy of the state meanwhile)."
         )
     return text
 
@@ -75,8 +66,11 @@ def default_checkpoint_io() -> XLACheckpointIO | AsyncCheckpointIO:
     Raises:
         ValueError: see :func:`checkpoint_writes`.
     """
+    writes = checkpoint_writes()
     atomic = AtomicXLACheckpointIO()
-    return atomic if checkpoint_writes() == "sync" else BackgroundXLACheckpointIO(atomic)
+    if writes == "sync":
+        return atomic
+    return BackgroundXLACheckpointIO(atomic, copy="device" if writes == "device-copy" else "host")
 
 
 class AtomicXLACheckpointIO(XLACheckpointIO):
@@ -183,17 +177,9 @@ def _refuse_storage_options(io: Any, storage_options: Optional[Any]) -> None:
         )
 
 
-def host_copy(checkpoint: Any) -> Any:
-    """A copy of ``checkpoint`` the training thread may keep changing: XLA tensors on the CPU, CPU tensors cloned.
-
-    The XLA tensors go to the CPU together (torch_xla's ``xm._maybe_convert_to_cpu``, as Lightning's
-    ``XLACheckpointIO``); CPU tensors are cloned (as Lightning's ``AsyncCheckpointIO`` clones
-    every tensor), since the training thread may change them in place after the hand-off.
-    """
-    cloned = apply_to_collection(
-        checkpoint, torch.Tensor, lambda t: t if t.device.type == "xla" else t.detach().clone()
-    )
-    return _torch_xla_contract.convert_to_cpu(cloned)
+def _write_host_copy(write: Callable[..., None], checkpoint: Any, path: _PATH) -> None:
+    """On the writer thread: ``write`` the host copy of ``checkpoint`` (a :func:`device_copy`) to ``path``."""
+    write(host_copy(checkpoint), path)
 
 
 def _host_copy_or_none(metadata: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -240,7 +226,10 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
     ``save_checkpoint`` first waits for the write in flight (at most one: the host holds one copy
     of the state), copies the checkpoint to the host on the calling thread (:func:`host_copy`),
     then hands it to a writer thread, which calls the wrapped plugin's ``write`` (default
-    :class:`AtomicXLACheckpointIO`). ``save_sharded`` does the same for a sharded checkpoint
+    :class:`AtomicXLACheckpointIO`). With ``copy="device"`` the calling thread only dispatches a
+    copy on the device (:func:`device_copy`) and the writer thread makes the host copy, so the step
+    does not wait for the transfer, and the device holds a second copy of the state until the
+    writer has transferred it. ``save_sharded`` does the same for a sharded checkpoint
     (:func:`sharded_host_copy`, then the wrapped plugin's ``write_sharded``). ``load_checkpoint``,
     ``remove_checkpoint`` and ``teardown`` wait for the write in flight first (so ``trainer.fit``
     returns after the last write: Lightning tears the strategy's checkpoint IO down at the end of
@@ -251,12 +240,19 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         checkpoint_io: the plugin that writes; it needs a ``write(checkpoint, path)`` method taking
             CPU tensors, and for sharded checkpoints ``write_sharded`` (:class:`AtomicXLACheckpointIO` has
             both). Default: :class:`AtomicXLACheckpointIO`.
+        copy: ``"host"`` (default) or ``"device"``: where the calling thread copies the state (see above).
+            Sharded checkpoints are copied to the host either way (torch_xla reads a device's shards
+            only while no program runs, which the training thread goes on dispatching).
 
     Raises:
         TypeError: ``checkpoint_io`` has no ``write`` method, or ``storage_options`` given to a save.
+        ValueError: another ``copy``; the message names it and the choices.
     """
 
-    def __init__(self, checkpoint_io: Optional[Any] = None) -> None:
+    def __init__(self, checkpoint_io: Optional[Any] = None, copy: str = "host") -> None:
+        if copy not in COPY_CHOICES:
+            raise ValueError(f"copy={copy!r} is not valid: choose one of {list(COPY_CHOICES)}.")
+        self.copy = copy
         checkpoint_io = AtomicXLACheckpointIO() if checkpoint_io is None else checkpoint_io
         if not callable(getattr(checkpoint_io, "write", None)):
             raise TypeError(
@@ -285,7 +281,11 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
         _refuse_storage_options(self, storage_options)
         self.wait()
-        self._submit(self.checkpoint_io.write, host_copy(checkpoint), path)  # type: ignore[union-attr]
+        write = self.checkpoint_io.write  # type: ignore[union-attr]
+        if self.copy == "device":
+            self._submit(_write_host_copy, write, device_copy(checkpoint), path)
+        else:
+            self._submit(write, host_copy(checkpoint), path)
 
     def save_sharded(
         self, path: _PATH, tensors: dict[str, Any], metadata: Optional[dict[str, Any]], **options: Any
