@@ -68,12 +68,17 @@ def trainer(**flags) -> L.Trainer:
 
 
 class HeldWrites(AtomicXLACheckpointIO):
-    """Atomic writes that record their start and end; the write number ``i`` waits for ``gates[i]`` if there is one."""
+    """Atomic writes that record their start and end; the write number ``i`` waits for ``gates[i]`` if there is one.
+
+    ``submitted`` holds the names of the saves handed to the writer, recorded on the training thread
+    (:class:`RecordsSaves`), so a write counts as pending from its hand-off, before the writer starts it.
+    """
 
     def __init__(self, gates: dict[int, threading.Event]) -> None:
         super().__init__()
         self.gates = gates
         self.events: list[tuple[str, str]] = []
+        self.submitted: list[str] = []
 
     def write(self, checkpoint, path) -> None:
         number = sum(1 for kind, _ in self.events if kind == "start")
@@ -85,7 +90,15 @@ class HeldWrites(AtomicXLACheckpointIO):
         self.events.append(("end", os.path.basename(path)))
 
     def pending(self) -> bool:
-        return sum(kind == "start" for kind, _ in self.events) > sum(kind == "end" for kind, _ in self.events)
+        return len(self.submitted) > sum(kind == "end" for kind, _ in self.events)
+
+
+class RecordsSaves(BackgroundXLACheckpointIO):
+    """The background writer, recording each save's name in its :class:`HeldWrites` on the training thread."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.checkpoint_io.submitted.append(os.path.basename(path))
+        super().save_checkpoint(checkpoint, path, storage_options)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +144,7 @@ def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_
     writes = HeldWrites({0: first, 1: last})
     steps_during_writes: list[tuple[int, str]] = []
 
-    class ReleasesWrites(BackgroundXLACheckpointIO):
+    class ReleasesWrites(RecordsSaves):
         def teardown(self) -> None:
             last.set()  # the last write may only finish once fit is ending
             super().teardown()
@@ -139,7 +152,7 @@ def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_
     class Watch(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             if writes.pending():
-                steps_during_writes.append((trainer.global_step, writes.events[-1][1]))
+                steps_during_writes.append((trainer.global_step, writes.submitted[-1]))
             if trainer.global_step == 5:
                 first.set()
 

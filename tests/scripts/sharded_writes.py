@@ -89,6 +89,7 @@ class HeldShardedWrites(AtomicXLACheckpointIO):
         super().__init__()
         self.gates = gates
         self.events: list[tuple[str, str]] = []
+        self.submitted: list[str] = []  # recorded on the training thread at each hand-off (ReleasesWrites)
 
     def _held(self, path, write) -> None:
         number = sum(1 for kind, _ in self.events if kind == "start")
@@ -106,7 +107,8 @@ class HeldShardedWrites(AtomicXLACheckpointIO):
         self._held(path, lambda: super(HeldShardedWrites, self).write(checkpoint, path))
 
     def pending(self) -> bool:
-        return sum(kind == "start" for kind, _ in self.events) > sum(kind == "end" for kind, _ in self.events)
+        """Whether a save handed to the writer has not ended (from the hand-off, before the writer starts it)."""
+        return len(self.submitted) > sum(kind == "end" for kind, _ in self.events)
 
 
 def trainer_in_the_background(out: str) -> dict:
@@ -115,6 +117,10 @@ def trainer_in_the_background(out: str) -> dict:
     during: list = []
 
     class ReleasesWrites(BackgroundXLACheckpointIO):
+        def save_sharded(self, path, *args, **kwargs) -> None:
+            writes.submitted.append(os.path.basename(path))
+            super().save_sharded(path, *args, **kwargs)
+
         def teardown(self) -> None:
             last.set()  # the last write may only finish once fit is ending
             super().teardown()
@@ -122,7 +128,7 @@ def trainer_in_the_background(out: str) -> dict:
     class Watch(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             if writes.pending():
-                during.append([trainer.global_step, writes.events[-1][1]])
+                during.append([trainer.global_step, writes.submitted[-1]])
             if trainer.global_step == 5:
                 first.set()
 
@@ -166,7 +172,7 @@ def fabric_in_the_background(out: str, state_dict_type: str) -> dict:
     optimizer.step()
     saved = weights(module)
     fabric.save(path, {"model": module, "optimizer": optimizer, "step": 1})
-    report["pending_after_save"] = writes.pending()
+    report["pending_after_save"] = io._pending is not None and not io._pending.done()  # held by the gate
     report["step_while_held"] = (
         torch.load(os.path.join(path, "meta.pt")) if os.path.isdir(path) else torch.load(path)
     )["step"]

@@ -37,6 +37,7 @@ from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckp
 
 GATES = {0: threading.Event(), 1: threading.Event()}
 EVENTS: list = []
+SUBMITTED: list = []  # the saves handed to rank 0's writer, recorded on the training thread
 DURING: list = []
 AT_LOAD: dict[int, threading.Event] = {1: threading.Event()}
 
@@ -55,13 +56,18 @@ class HeldWrites(AtomicXLACheckpointIO):
 
 
 def pending() -> bool:
-    return sum(kind == "start" for kind, _ in EVENTS) > sum(kind == "end" for kind, _ in EVENTS)
+    """Whether a save handed to the writer has not ended (from the hand-off, before the writer starts it)."""
+    return len(SUBMITTED) > sum(kind == "end" for kind, _ in EVENTS)
 
 
 class ReleasesWrites(BackgroundXLACheckpointIO):
     def __init__(self, out: str) -> None:
         super().__init__(HeldWrites())
         self.out = out
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        SUBMITTED.append(os.path.basename(path))
+        super().save_checkpoint(checkpoint, path, storage_options)
 
     def teardown(self) -> None:
         if self._pending is not None:  # the replica that writes (every replica tears its own copy down)
@@ -81,7 +87,7 @@ class Watch(L.Callback):
             return
         Watch.rank_zero_thread = threading.current_thread()
         if pending():
-            DURING.append([trainer.global_step, EVENTS[-1][1]])
+            DURING.append([trainer.global_step, SUBMITTED[-1]])
         if trainer.global_step == 5:
             GATES[0].set()
 
@@ -162,7 +168,8 @@ def fabric_part(out: str, devices: int) -> dict:
         GATES[1].clear()
         fabric.save(path, {"model": module, "step": 1})  # rank 0 writes it; held until rank 0 waits for it
         if rank == 0:
-            EVENTS.append(("pending after save", str(pending())))
+            held = fabric.strategy.checkpoint_io._pending  # this worker's copy; its write is held by the gate
+            EVENTS.append(("pending after save", str(held is not None and not held.done())))
             assert AT_LOAD[1].wait(timeout=300)  # rank 1 is loading already
             io = fabric.strategy.checkpoint_io  # this worker's copy
             wait = io.wait

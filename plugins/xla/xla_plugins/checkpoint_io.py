@@ -8,8 +8,8 @@ bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO` builds on Light
 ``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a writer
 thread writes it, at most one write is in flight.
 
-The setting :data:`WRITES_VARIABLE` (``background``, the default, or ``sync``) chooses which of the
-two the XLA strategies use by default (:func:`default_checkpoint_io`).
+The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync`` or ``device-copy``)
+chooses what the XLA strategies use by default (:func:`default_checkpoint_io`).
 """
 
 from __future__ import annotations

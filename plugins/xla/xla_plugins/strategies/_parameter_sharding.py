@@ -275,10 +275,10 @@ class _ShardsParameters:
         """
         metadata["__sharded_keys__"] = sorted(tensors)
         io = self.checkpoint_io  # type: ignore[attr-defined]
-        background = callable(getattr(io, "wait", None))
+        save = getattr(io, "save_sharded", None)
+        background = callable(save) and callable(getattr(io, "wait", None))
         staging = self.broadcast(_commits.temporary_path(path))  # type: ignore[attr-defined]
         options = {"staging": staging, "process_group": self._writer_group() if background else None}
-        save = getattr(io, "save_sharded", None)
         if callable(save):
             save(path, tensors, metadata if self.is_global_zero else None, **options)  # type: ignore[attr-defined]
         else:
