@@ -90,12 +90,14 @@ class HeldShardedWrites(AtomicXLACheckpointIO):
         self.gates = gates
         self.events: list[tuple[str, str]] = []
         self.submitted: list[str] = []  # recorded on the training thread at each hand-off (ReleasesWrites)
+        self.reached = threading.Event()  # set when a held write waits at its gate
 
     def _held(self, path, write) -> None:
         number = sum(1 for kind, _ in self.events if kind == "start")
         self.events.append(("start", os.path.basename(path)))
         gate = self.gates.get(number)
         if gate is not None:
+            self.reached.set()
             assert gate.wait(timeout=300), "the script never released the write"
         write()
         self.events.append(("end", os.path.basename(path)))
@@ -173,6 +175,7 @@ def fabric_in_the_background(out: str, state_dict_type: str) -> dict:
     saved = weights(module)
     fabric.save(path, {"model": module, "optimizer": optimizer, "step": 1})
     report["pending_after_save"] = io._pending is not None and not io._pending.done()  # held by the gate
+    assert writes.reached.wait(timeout=300)  # the writer started it: the events below come in one order
     report["step_while_held"] = (
         torch.load(os.path.join(path, "meta.pt")) if os.path.isdir(path) else torch.load(path)
     )["step"]
