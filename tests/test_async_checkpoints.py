@@ -68,12 +68,17 @@ def trainer(**flags) -> L.Trainer:
 
 
 class HeldWrites(AtomicXLACheckpointIO):
-    """Atomic writes that record their start and end; the write number ``i`` waits for ``gates[i]`` if there is one."""
+    """Atomic writes that record their start and end; the write number ``i`` waits for ``gates[i]`` if there is one.
+
+    ``submitted`` holds the names of the saves handed to the writer, recorded on the training thread
+    (:class:`RecordsSaves`), so a write counts as pending from its hand-off, before the writer starts it.
+    """
 
     def __init__(self, gates: dict[int, threading.Event]) -> None:
         super().__init__()
         self.gates = gates
         self.events: list[tuple[str, str]] = []
+        self.submitted: list[str] = []
 
     def write(self, checkpoint, path) -> None:
         number = sum(1 for kind, _ in self.events if kind == "start")
@@ -85,7 +90,15 @@ class HeldWrites(AtomicXLACheckpointIO):
         self.events.append(("end", os.path.basename(path)))
 
     def pending(self) -> bool:
-        return sum(kind == "start" for kind, _ in self.events) > sum(kind == "end" for kind, _ in self.events)
+        return len(self.submitted) > sum(kind == "end" for kind, _ in self.events)
+
+
+class RecordsSaves(BackgroundXLACheckpointIO):
+    """The background writer, recording each save's name in its :class:`HeldWrites` on the training thread."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.checkpoint_io.submitted.append(os.path.basename(path))
+        super().save_checkpoint(checkpoint, path, storage_options)
 
 
 @pytest.mark.parametrize(
@@ -119,6 +132,11 @@ def test_a_checkpoint_io_given_by_the_user_wins():
     from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy
 
     assert SingleDeviceXLAStrategy(checkpoint_io=given).checkpoint_io is given
+    from xla_plugins.strategies.xla_spmd import XLASPMDStrategy
+
+    # a strategy instance carries none until used, so Lightning takes one given beside it through `plugins`
+    # (tests/scripts/sharded_writes.py gives xla_fsdp_v2 instances their held writes so, Trainer and Fabric)
+    assert XLASPMDStrategy()._checkpoint_io is None
 
 
 def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_after_the_last_write(tmp_path):
@@ -126,7 +144,7 @@ def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_
     writes = HeldWrites({0: first, 1: last})
     steps_during_writes: list[tuple[int, str]] = []
 
-    class ReleasesWrites(BackgroundXLACheckpointIO):
+    class ReleasesWrites(RecordsSaves):
         def teardown(self) -> None:
             last.set()  # the last write may only finish once fit is ending
             super().teardown()
@@ -134,7 +152,7 @@ def test_the_training_steps_go_on_while_a_checkpoint_is_written_and_fit_returns_
     class Watch(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             if writes.pending():
-                steps_during_writes.append((trainer.global_step, writes.events[-1][1]))
+                steps_during_writes.append((trainer.global_step, writes.submitted[-1]))
             if trainer.global_step == 5:
                 first.set()
 
@@ -214,6 +232,36 @@ def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_pa
     io.teardown()
     assert order == ["first save returned", "first write released", "second save returned"]
     assert [kind for kind, _ in writes.events] == ["start", "end", "start", "end"]
+
+
+@pytest.mark.parametrize("copy", ["host", "device"])
+def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_copy_by_the_writer(
+    tmp_path, monkeypatch, copy
+):
+    from xla_plugins import _torch_xla_contract
+
+    transfers: list[str] = []
+    convert = _torch_xla_contract.convert_to_cpu
+
+    def recorded(data):
+        transfers.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
+        return convert(data)
+
+    monkeypatch.setattr(_torch_xla_contract, "convert_to_cpu", recorded)
+    gate = threading.Event()
+    io = BackgroundXLACheckpointIO(HeldWrites({0: gate}), copy=copy)
+    import torch_xla
+
+    weights, count = torch.ones(3, device=torch_xla.device()), torch.zeros(1)
+    io.save_checkpoint({"w": weights, "count": count}, tmp_path / "a.ckpt")
+    weights.add_(1)  # the training thread goes on changing the state while the write is held
+    count.add_(1)
+    torch_xla.sync()
+    gate.set()
+    io.teardown()
+    assert transfers == ["training thread" if copy == "host" else "writer"]
+    saved = torch.load(tmp_path / "a.ckpt")
+    assert saved["w"].tolist() == [1.0, 1.0, 1.0] and saved["count"].tolist() == [0.0]
 
 
 def test_the_host_copy_is_taken_on_the_training_thread_before_the_hand_off(tmp_path):
@@ -379,8 +427,11 @@ def _fit_and_resume(directory, writes: str, monkeypatch) -> tuple[dict, type]:
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(tmp_path, monkeypatch):
-    background, background_io = _fit_and_resume(tmp_path / "background", "background", monkeypatch)
+@pytest.mark.parametrize("writes", ["background", "device-copy"])
+def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(
+    tmp_path, monkeypatch, writes
+):
+    background, background_io = _fit_and_resume(tmp_path / "background", writes, monkeypatch)
     sync, sync_io = _fit_and_resume(tmp_path / "sync", "sync", monkeypatch)
     assert (background_io, sync_io) == (BackgroundXLACheckpointIO, AtomicXLACheckpointIO)
     first_background = torch.load(tmp_path / "background" / "last.ckpt", weights_only=False)
@@ -395,10 +446,15 @@ def test_the_writes_setting_switches_background_writes_off_and_a_bad_value_names
     monkeypatch.setenv(WRITES_VARIABLE, "sync")
     assert type(default_checkpoint_io()) is AtomicXLACheckpointIO
     monkeypatch.setenv(WRITES_VARIABLE, " Background ")
-    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO
+    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "host"
+    monkeypatch.setenv(WRITES_VARIABLE, "device-copy")
+    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "device"
+    with pytest.raises(ValueError, match=r"copy='gpu' is not valid: choose one of \['host', 'device'\]"):
+        BackgroundXLACheckpointIO(copy="gpu")
     monkeypatch.setenv(WRITES_VARIABLE, "async")
     with pytest.raises(
-        ValueError, match=r"XLA_PLUGINS_CHECKPOINT_WRITES='async' is not valid: choose one of \['background', 'sync'\]"
+        ValueError,
+        match=r"WRITES='async' is not valid: choose one of \['background', 'sync', 'device-copy'\]",
     ):
         default_checkpoint_io()
     with pytest.raises(ValueError, match="XLA_PLUGINS_CHECKPOINT_WRITES='async'"):

@@ -76,7 +76,8 @@ def last_checkpoint(trainer: Any) -> str | None:
     ``memory://`` or ``gs://`` last checkpoints were never found), and a candidate counts only if
     the strategy's checkpoint IO says it is complete, when that plugin has an ``is_committed(path)``
     method (e.g. one writing a commit marker on an object store, which has no atomic rename);
-    otherwise existing is enough, as in Lightning. The newest by modification time wins.
+    otherwise existing is enough, as in Lightning. The newest by modification time wins (a directory's
+    own, or where the filesystem keeps none, as object stores keep none for a prefix, its newest file's).
     """
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
@@ -92,8 +93,18 @@ def last_checkpoint(trainer: Any) -> str | None:
     for path in filter(None, candidates):
         fs = get_filesystem(path)
         if fs.exists(path) and (committed is None or committed(path)):
-            times[path] = fs.modified(path)
+            times[path] = _modified(fs, path)
     return max(times, key=times.__getitem__) if times else None
+
+
+def _modified(fs: Any, path: str) -> Any:
+    """``fs.modified(path)``; for a directory without a time of its own, the newest time of the files under it."""
+    try:
+        return fs.modified(path)
+    except (FileNotFoundError, NotImplementedError):
+        if not fs.isdir(path):
+            raise
+        return max(fs.modified(each) for each in fs.find(path))
 
 
 class PluginSetCheckpoint(Callback):

@@ -49,6 +49,7 @@ def fabric_run(strategy, epochs: int, setup: str = "joint", precision="32-true",
             state["step"] += 1
         if save and epoch + 1 == save[1]:
             fabric.save(save[0], state)
+            fabric.strategy.wait_for_checkpoint_writes()  # written in the background; the report lists its files
     weight = model.block.linear.weight
     row.update(
         losses=[float(v) for v in losses],

@@ -177,6 +177,7 @@ def fabric_run(out: str, state_dict_type: str) -> dict:
     paths = [os.path.join(out, f"fabric-{i}.ckpt") for i in range(SAVES)]
     report: dict = {"compiled": saves(lambda i: fabric.save(paths[i], {"model": module, "optimizer": optimizer}))}
     if state_dict_type == "full":
+        fabric.strategy.wait_for_checkpoint_writes()  # fabric.save writes in the background; read it here
         saved = torch.load(paths[-1], weights_only=True)
         report["model_equal"] = equal(saved["model"], full(module.state_dict()))
         states = saved["optimizer"]["state"]

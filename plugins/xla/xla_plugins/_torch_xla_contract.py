@@ -80,6 +80,10 @@ METRIC_DATA = PrivateName("torch_xla:_XLAC._xla_metric_data", BINDING, ("arg0",)
 OP_SHARDING = PrivateName("torch_xla:_XLAC._get_xla_op_sharding", BINDING, ("arg0",))
 SHARDING_SPEC = PrivateName("torch_xla:_XLAC._get_xla_sharding_spec", BINDING, ("arg0",))
 MARK_SHARDING = PrivateName("torch_xla:_XLAC._xla_mark_sharding", BINDING, ("arg0", "arg1"))
+#: torch_xla's staging step of asynchronous sharded saves (``CheckpointManager.save_async`` runs it).
+SHARDED_CPU_STATE_DICT = PrivateName(
+    "torch_xla.experimental.distributed_checkpoint._helpers:_sharded_cpu_state_dict", FUNCTION, ("state_dict",)
+)
 #: Where ``SpmdFullyShardedDataParallel`` keeps the wrapped module (its state-dict keys' prefix).
 FSDP_V2_WRAPPED_MODULE = PrivateName(f"{_FSDP_V2}._orig_module", ASSIGNED)
 #: What ``checkpoint_module`` adds to a module besides its new ``forward``.
@@ -103,6 +107,7 @@ NAMES: tuple[PrivateName, ...] = (
     OP_SHARDING,
     SHARDING_SPEC,
     MARK_SHARDING,
+    SHARDED_CPU_STATE_DICT,
     FSDP_V2_WRAPPED_MODULE,
     *CHECKPOINTED_FORWARDS,
 )
@@ -180,6 +185,13 @@ def sharding_spec(tensor: Any) -> str:
 def mark_sharding(tensor: Any, sharding: Any) -> None:
     """``torch_xla._XLAC._xla_mark_sharding``: give ``tensor`` the sharding :func:`op_sharding` returned."""
     _resolve(MARK_SHARDING.path)(tensor, sharding)
+
+
+def sharded_cpu_state_dict(state_dict: Any) -> Any:
+    """``torch_xla.experimental.distributed_checkpoint._helpers._sharded_cpu_state_dict``: ``state_dict`` with each
+    sharded XLA tensor as its CPU shards (torch_xla's ``_CpuShards``, which its ``SPMDSavePlanner`` writes) and each
+    other XLA tensor on the CPU, in one transfer per kind."""
+    return _resolve(SHARDED_CPU_STATE_DICT.path)(state_dict)
 
 
 def _binding_parameters(function: Any) -> tuple[str, ...]:

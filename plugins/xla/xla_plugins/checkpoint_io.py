@@ -1,44 +1,49 @@
 """Checkpoint IO plugins of the XLA strategies: atomic writes, and writes in a background thread.
 
-:class:`AtomicXLACheckpointIO` makes a checkpoint visible only once it is complete: on a local disk
-a temporary file in the same directory, ``fsync``, then ``os.replace``; on an fsspec filesystem
-(an object store has no atomic rename) a temporary object moved into place, then a commit marker
-``<path>.commit`` holding the byte size (:func:`is_committed`). :class:`BackgroundXLACheckpointIO`
-builds on Lightning's ``AsyncCheckpointIO``: the training thread copies the state to the host and
-returns, a writer thread writes it, at most one write is in flight.
+:class:`AtomicXLACheckpointIO` makes a checkpoint visible only once it is complete, a file or the
+directory of a sharded checkpoint alike (:mod:`xla_plugins._commits`): on a local disk written under
+a temporary name, then renamed; on an fsspec filesystem (an object store has no atomic rename)
+moved into place, then marked complete by the commit marker ``<path>.commit`` holding its size in
+bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO` builds on Lightning's
+``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a writer
+thread writes it, at most one write is in flight.
 
-The setting :data:`WRITES_VARIABLE` (``background``, the default, or ``sync``) chooses which of the
-two the XLA strategies of the Trainer use by default (:func:`default_checkpoint_io`).
+The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync`` or ``device-copy``)
+chooses what the XLA strategies use by default (:func:`default_checkpoint_io`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-import uuid
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO, Any, Optional
 
-import fsspec
 import torch
 from lightning.fabric.plugins.io.xla import XLACheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.async_plugin import AsyncCheckpointIO
-from lightning_utilities.core.apply_func import apply_to_collection
 
-from xla_plugins import _torch_xla_contract
+from xla_plugins import _commits, _torch_xla_contract
+from xla_plugins._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
+from xla_plugins._logging import log
+from xla_plugins._sharded_writes import write_directory
+from xla_plugins._state_copies import device_copy, host_copy, sharded_host_copy
 
-#: Environment variable choosing how the XLA strategies of the Trainer write checkpoints by default.
+#: Environment variable choosing how the XLA strategies write checkpoints by default.
 WRITES_VARIABLE = "XLA_PLUGINS_CHECKPOINT_WRITES"
-#: Valid values of :data:`WRITES_VARIABLE`: a writer thread (default), or on the training thread.
-WRITES_CHOICES = ("background", "sync")
-#: Suffix of the commit marker written beside a checkpoint on a non-local filesystem.
-COMMIT_SUFFIX = ".commit"
+#: Valid values of :data:`WRITES_VARIABLE`: a writer thread after a copy to the host (default), on the training
+#: thread, or a writer thread after a copy on the device.
+WRITES_CHOICES = ("background", "sync", "device-copy")
+#: Valid ``copy`` arguments of :class:`BackgroundXLACheckpointIO`.
+COPY_CHOICES = ("host", "device")
 
 
 def checkpoint_writes() -> str:
-    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank) or ``"sync"``.
+    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank), ``"sync"`` or ``"device-copy"``.
 
     Raises:
         ValueError: another value; the message names it and the choices.
@@ -47,7 +52,8 @@ def checkpoint_writes() -> str:
     if text not in WRITES_CHOICES:
         raise ValueError(
             f"{WRITES_VARIABLE}={os.environ[WRITES_VARIABLE]!r} is not valid: choose one of {list(WRITES_CHOICES)}"
-            " ('background': the training step waits only for the copy to the host; 'sync': it waits for the write)."
+            " ('background': the training step waits only for the copy to the host; 'sync': it waits for the write;"
+            " 'device-copy': it waits only for a copy on the device, which holds one more copy of the state meanwhile)."
         )
     return text
 
@@ -60,45 +66,25 @@ def default_checkpoint_io() -> XLACheckpointIO | AsyncCheckpointIO:
     Raises:
         ValueError: see :func:`checkpoint_writes`.
     """
+    writes = checkpoint_writes()
     atomic = AtomicXLACheckpointIO()
-    return atomic if checkpoint_writes() == "sync" else BackgroundXLACheckpointIO(atomic)
-
-
-def _is_local(path: _PATH) -> bool:
-    """Whether ``path`` is on the local filesystem (fsspec protocol ``file``, as Lightning decides)."""
-    return fsspec.utils.get_protocol(str(path)) == "file"
-
-
-def is_committed(path: _PATH) -> bool:
-    """Whether the checkpoint file ``path`` is complete, as written by :class:`AtomicXLACheckpointIO`.
-
-    On a local disk: the file exists (it only ever appears whole, by ``os.replace``). Elsewhere
-    (fsspec URLs): the file and its marker ``<path>.commit`` exist and the marker holds the file's
-    byte size.
-    """
-    fs = get_filesystem(path)
-    if not fs.exists(path):
-        return False
-    if _is_local(path):
-        return True
-    marker = f"{path}{COMMIT_SUFFIX}"
-    if not fs.exists(marker):
-        return False
-    with fs.open(marker, "rb") as stream:
-        text = stream.read().decode(errors="replace").strip()
-    return text == str(fs.size(path))
+    if writes == "sync":
+        return atomic
+    return BackgroundXLACheckpointIO(atomic, copy="device" if writes == "device-copy" else "host")
 
 
 class AtomicXLACheckpointIO(XLACheckpointIO):
     """Lightning's ``XLACheckpointIO`` (CPU tensors, ``torch.save``), made atomic: a checkpoint appears only whole.
 
-    Local paths: written to a temporary file ``.<name>.tmp-<id>`` in the target's directory,
-    flushed and ``fsync``-ed, then renamed over the target with ``os.replace`` (atomic on POSIX), so
-    a process killed during the write leaves the previous file in place; the temporary name never
-    matches Lightning's ``last*.ckpt`` pattern. fsspec URLs: the commit marker ``<path>.commit`` is
-    removed, the bytes go to a temporary object, which is moved onto ``path``, then the marker is
-    written with the byte size; a checkpoint counts as complete only with its marker
-    (:func:`is_committed`).
+    Files (:meth:`write`): written to a temporary file ``.<name>.tmp-<id>`` in the target's
+    directory; on a local disk flushed, ``fsync``-ed and renamed over the target with
+    ``os.replace`` (atomic on POSIX), so a process killed during the write leaves the previous file
+    in place; on an fsspec URL moved onto ``path``, then the commit marker ``<path>.commit`` is
+    written with the byte size, and a checkpoint counts as complete only with its marker
+    (:func:`is_committed`). Sharded checkpoints (:meth:`write_sharded`, the directories of the
+    FSDPv2 strategies' ``state_dict_type="sharded"``) the same way, as a directory: written under a
+    temporary name, then renamed into place or moved and marked (:mod:`xla_plugins._commits`). The
+    temporary names never match Lightning's ``last*.ckpt`` pattern.
 
     Raises:
         TypeError: ``storage_options`` given (as Lightning's ``XLACheckpointIO``).
@@ -106,73 +92,98 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
-            raise TypeError(
-                f"`storage_options` is not supported by `{type(self).__name__}`; got {storage_options!r}."
-                " Give your own `CheckpointIO` plugin to use them."
-            )
+        _refuse_storage_options(self, storage_options)
         self.write(_torch_xla_contract.convert_to_cpu(checkpoint), path)
 
     def write(self, checkpoint: dict[str, Any], path: _PATH) -> None:
-        """Write ``checkpoint`` (CPU tensors only) atomically to ``path`` (see the class docstring)."""
+        """Write ``checkpoint`` (CPU tensors only) atomically to the file ``path`` (see the class docstring)."""
         path = str(path)
         fs = get_filesystem(path)
         directory = os.path.dirname(path)
         if directory:
             fs.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:12]}")
-        if _is_local(path):
-            try:
-                with open(temporary, "wb") as stream:
-                    self._write_to(checkpoint, stream)
+        temporary = _commits.temporary_path(path)
+        local = _commits.is_local(path)
+        try:
+            with open(temporary, "wb") if local else fs.open(temporary, "wb") as stream:
+                self._write_to(checkpoint, stream)
+                if local:
                     stream.flush()
                     os.fsync(stream.fileno())
-                os.replace(temporary, path)
-            finally:
-                if os.path.exists(temporary):
-                    os.remove(temporary)
-            return
-        marker = f"{path}{COMMIT_SUFFIX}"
-        if fs.exists(marker):
-            fs.rm(marker)
-        try:
-            with fs.open(temporary, "wb") as stream:
-                self._write_to(checkpoint, stream)
-            fs.mv(temporary, path)
+            _commits.commit(temporary, path)
         finally:
             if fs.exists(temporary):
                 fs.rm(temporary)
-        with fs.open(marker, "wb") as stream:
-            stream.write(str(fs.size(path)).encode())
 
     def _write_to(self, checkpoint: dict[str, Any], stream: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into ``stream`` with ``torch.save``."""
         torch.save(checkpoint, stream)
 
+    def save_sharded(
+        self, path: _PATH, tensors: dict[str, Any], metadata: Optional[dict[str, Any]], **options: Any
+    ) -> None:
+        """Write a sharded checkpoint now: the host copy (:func:`sharded_host_copy`, :func:`host_copy`), then
+        :meth:`write_sharded` with ``options``."""
+        self.write_sharded(path, sharded_host_copy(tensors), _host_copy_or_none(metadata), **options)
+
+    def write_sharded(
+        self,
+        path: _PATH,
+        shards: Any,
+        metadata: Optional[dict[str, Any]],
+        staging: Optional[str] = None,
+        process_group: Optional[Any] = None,
+    ) -> None:
+        """Write the sharded checkpoint directory ``path`` atomically: its files under ``staging``, then the commit.
+
+        Args:
+            path: the checkpoint directory (local path or fsspec URL).
+            shards: state dicts of sharded modules and optimizers on the host (:func:`sharded_host_copy`).
+            metadata: the rest of the checkpoint (CPU tensors only), on global rank 0; ``None`` on the other
+                hosts, which write their shards and leave the commit to rank 0.
+            staging: the temporary directory, the same on every host; default a fresh
+                :func:`~xla_plugins._commits.temporary_path` beside ``path``.
+            process_group: the group coordinating the hosts' writes (see
+                :func:`~xla_plugins._sharded_writes.write_directory`).
+
+        Raises:
+            OSError: the filesystem's, when writing or committing fails (the temporary directory is removed).
+        """
+        path = str(path)
+        staging = staging or _commits.temporary_path(path)
+        coordinator = metadata is not None
+        try:
+            write_directory(staging, shards, metadata, process_group)
+            if coordinator:
+                _commits.commit(staging, path)
+        finally:
+            if coordinator:
+                _commits.remove(staging)
+
     def remove_checkpoint(self, path: _PATH) -> None:
-        """Remove ``path`` and its commit marker, if any."""
-        super().remove_checkpoint(path)
-        fs = get_filesystem(path)
-        marker = f"{path}{COMMIT_SUFFIX}"
-        if not _is_local(path) and fs.exists(marker):
-            fs.rm(marker)
+        """Remove the checkpoint ``path`` (a file or a sharded checkpoint's directory) and its commit marker, if any."""
+        _commits.remove(path)
 
     def is_committed(self, path: _PATH) -> bool:
         """See :func:`is_committed`."""
         return is_committed(path)
 
 
-def host_copy(checkpoint: Any) -> Any:
-    """A copy of ``checkpoint`` the training thread may keep changing: XLA tensors on the CPU, CPU tensors cloned.
+def _refuse_storage_options(io: Any, storage_options: Optional[Any]) -> None:
+    if storage_options is not None:
+        raise TypeError(
+            f"`storage_options` is not supported by `{type(io).__name__}`; got {storage_options!r}."
+            " Give your own `CheckpointIO` plugin to use them."
+        )
 
-    The XLA tensors go to the CPU together (torch_xla's ``xm._maybe_convert_to_cpu``, as Lightning's
-    ``XLACheckpointIO``); CPU tensors are cloned (as Lightning's ``AsyncCheckpointIO`` clones
-    every tensor), since the training thread may change them in place after the hand-off.
-    """
-    cloned = apply_to_collection(
-        checkpoint, torch.Tensor, lambda t: t if t.device.type == "xla" else t.detach().clone()
-    )
-    return _torch_xla_contract.convert_to_cpu(cloned)
+
+def _write_host_copy(write: Callable[..., None], checkpoint: Any, path: _PATH) -> None:
+    """On the writer thread: ``write`` the host copy of ``checkpoint`` (a :func:`device_copy`) to ``path``."""
+    write(host_copy(checkpoint), path)
+
+
+def _host_copy_or_none(metadata: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    return None if metadata is None else host_copy(metadata)
 
 
 #: Every background checkpoint IO of this process, for :func:`finish_pending_writes`.
@@ -182,7 +193,8 @@ _WRITERS: weakref.WeakSet[BackgroundXLACheckpointIO] = weakref.WeakSet()
 def finish_pending_writes() -> None:
     """Wait for the write in flight of every :class:`BackgroundXLACheckpointIO` of this process.
 
-    Called by a spawn worker before it ends (it ends through ``os._exit``, which would cut a write short).
+    Called by a spawn worker before it ends (it ends through ``os._exit``, which would cut a write
+    short), and when the interpreter exits (:func:`_finish_at_exit`).
 
     Raises:
         BaseException: what a write raised.
@@ -191,26 +203,56 @@ def finish_pending_writes() -> None:
         writer.wait()
 
 
+@atexit.register
+def _finish_at_exit() -> None:
+    """At the interpreter's normal exit: wait for every write in flight, and log any that failed.
+
+    A script using Fabric, or a strategy on its own, has no end of ``fit`` to wait at. Python joins
+    the writer thread of Lightning's ``AsyncCheckpointIO`` (a ``ThreadPoolExecutor``'s) before
+    ``atexit`` functions run; this wait covers a writer that Python would not join (a daemon
+    thread), and it reports a failed write, which nothing would raise otherwise (an error here
+    cannot change the exit status).
+    """
+    for writer in list(_WRITERS):
+        try:
+            writer.wait()
+        except BaseException as error:  # noqa: BLE001 - reported, the interpreter is ending
+            log.error("A checkpoint written in the background failed: %r", error)
+
+
 class BackgroundXLACheckpointIO(AsyncCheckpointIO):
     """Lightning's ``AsyncCheckpointIO`` for XLA: the step waits only for the copy to the host.
 
     ``save_checkpoint`` first waits for the write in flight (at most one: the host holds one copy
     of the state), copies the checkpoint to the host on the calling thread (:func:`host_copy`),
     then hands it to a writer thread, which calls the wrapped plugin's ``write`` (default
-    :class:`AtomicXLACheckpointIO`). ``load_checkpoint``, ``remove_checkpoint`` and ``teardown``
-    wait for the write in flight first (so ``trainer.fit`` returns after the last write: Lightning
-    tears the strategy's checkpoint IO down at the end of ``fit``); a save after ``teardown``
-    starts a new writer. An error of a write is raised by the next call that waits.
+    :class:`AtomicXLACheckpointIO`). With ``copy="device"`` the calling thread only dispatches a
+    copy on the device (:func:`device_copy`) and the writer thread makes the host copy, so the step
+    does not wait for the transfer, and the device holds a second copy of the state until the
+    writer has transferred it. ``save_sharded`` does the same for a sharded checkpoint
+    (:func:`sharded_host_copy`, then the wrapped plugin's ``write_sharded``). ``load_checkpoint``,
+    ``remove_checkpoint`` and ``teardown`` wait for the write in flight first (so ``trainer.fit``
+    returns after the last write: Lightning tears the strategy's checkpoint IO down at the end of
+    ``fit``); a save after ``teardown`` starts a new writer; the interpreter's normal exit waits too
+    (:func:`_finish_at_exit`). An error of a write is raised by the next call that waits.
 
     Args:
         checkpoint_io: the plugin that writes; it needs a ``write(checkpoint, path)`` method taking
-            CPU tensors (:class:`AtomicXLACheckpointIO` has one). Default: :class:`AtomicXLACheckpointIO`.
+            CPU tensors, and for sharded checkpoints ``write_sharded`` (:class:`AtomicXLACheckpointIO` has
+            both). Default: :class:`AtomicXLACheckpointIO`.
+        copy: ``"host"`` (default) or ``"device"``: where the calling thread copies the state (see above).
+            Sharded checkpoints are copied to the host either way (torch_xla reads a device's shards
+            only while no program runs, which the training thread goes on dispatching).
 
     Raises:
         TypeError: ``checkpoint_io`` has no ``write`` method, or ``storage_options`` given to a save.
+        ValueError: another ``copy``; the message names it and the choices.
     """
 
-    def __init__(self, checkpoint_io: Optional[Any] = None) -> None:
+    def __init__(self, checkpoint_io: Optional[Any] = None, copy: str = "host") -> None:
+        if copy not in COPY_CHOICES:
+            raise ValueError(f"copy={copy!r} is not valid: choose one of {list(COPY_CHOICES)}.")
+        self.copy = copy
         checkpoint_io = AtomicXLACheckpointIO() if checkpoint_io is None else checkpoint_io
         if not callable(getattr(checkpoint_io, "write", None)):
             raise TypeError(
@@ -237,20 +279,41 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         super()._ensure_setup()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
+        _refuse_storage_options(self, storage_options)
+        self.wait()
+        write = self.checkpoint_io.write  # type: ignore[union-attr]
+        if self.copy == "device":
+            self._submit(_write_host_copy, write, device_copy(checkpoint), path)
+        else:
+            self._submit(write, host_copy(checkpoint), path)
+
+    def save_sharded(
+        self, path: _PATH, tensors: dict[str, Any], metadata: Optional[dict[str, Any]], **options: Any
+    ) -> None:
+        """Copy a sharded checkpoint to the host now; write it in the background (the wrapped ``write_sharded``).
+
+        ``options`` go to ``write_sharded`` (see :meth:`AtomicXLACheckpointIO.write_sharded`).
+
+        Raises:
+            TypeError: the wrapped plugin has no ``write_sharded``.
+        """
+        write = getattr(self.checkpoint_io, "write_sharded", None)
+        if not callable(write):
             raise TypeError(
-                f"`storage_options` is not supported by `{type(self).__name__}`; got {storage_options!r}."
-                " Give your own `CheckpointIO` plugin to use them."
+                f"{type(self).__name__} writes sharded checkpoints through its plugin's `write_sharded`, which"
+                f" {type(self.checkpoint_io).__name__} does not have; wrap AtomicXLACheckpointIO."
             )
         self.wait()
-        copy = host_copy(checkpoint)
+        self._submit(write, path, sharded_host_copy(tensors), _host_copy_or_none(metadata), **options)
+
+    def _submit(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         self._ensure_setup()
         assert self._executor is not None
-        self._pending = self._executor.submit(self._write, copy, path)
+        self._pending = self._executor.submit(self._write, write, *args, **kwargs)
 
-    def _write(self, checkpoint: dict[str, Any], path: _PATH) -> None:
+    def _write(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         try:
-            self.checkpoint_io.write(checkpoint, path)  # type: ignore[union-attr]
+            write(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001 - raised on the training thread by the next wait
             self._error = error
 

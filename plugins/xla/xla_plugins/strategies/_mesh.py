@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import torch
-from lightning.fabric.plugins import XLACheckpointIO
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.strategy import TBroadcast
@@ -33,7 +32,8 @@ class _OneProcessOverAMesh:
     """What both flavours share: SPMD mode, the mesh, batch meaning and sharding, one-process collectives.
 
     Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords), plus ``batch``
-    (see :mod:`xla_plugins.strategies._batches`); checkpoints default to :meth:`_default_checkpoint_io`.
+    (see :mod:`xla_plugins.strategies._batches`). The strategies built on it choose the default
+    checkpoint IO (:mod:`xla_plugins.strategies._background_checkpoints`).
     """
 
     _mesh: Optional[Any] = None
@@ -45,14 +45,8 @@ class _OneProcessOverAMesh:
         _runtime.require_torch_xla()
         self.batch = _batches.check_batch_meaning(batch)
         self._described: set[str] = set()
-        if checkpoint_io is None:
-            checkpoint_io = self._default_checkpoint_io()
+        # None stays None until first used, so that Lightning's connectors take one given through `plugins=[...]`
         super().__init__(checkpoint_io=checkpoint_io, **kwargs)  # type: ignore[call-arg]
-
-    @staticmethod
-    def _default_checkpoint_io() -> Any:
-        """The checkpoint IO of a strategy given none: Lightning's ``XLACheckpointIO`` (full CPU tensors)."""
-        return XLACheckpointIO()
 
     def setup_environment(self) -> None:
         """Enter SPMD mode and build the data mesh, join the other hosts (if any), then start the runtime."""

@@ -17,9 +17,9 @@ from lightning_utilities import apply_to_collection
 from torch import Tensor
 from torch.nn import Module
 
-from xla_plugins import _torch_xla_contract
+from xla_plugins import _commits, _torch_xla_contract
+from xla_plugins._silenced_warnings import BACKWARD_BARRIER, silenced
 from xla_plugins.strategies._sharded_checkpoints import save_sharded
-from xla_plugins.strategies._silenced_warnings import BACKWARD_BARRIER, silenced
 from xla_plugins.strategies._tied_parameters import move_module
 
 #: Mesh axis the parameters are sharded over (torch_xla's SPMD FSDP requires this name).
@@ -198,7 +198,7 @@ class _ShardsParameters:
 
     def backward(self, *args: Any, **kwargs: Any) -> Any:
         """The backward pass of the Trainer's or Fabric's strategy, without torch's warning about torch_xla's
-        backward barrier hook at every step (see :mod:`xla_plugins.strategies._silenced_warnings`)."""
+        backward barrier hook at every step (see :mod:`xla_plugins._silenced_warnings`)."""
         with silenced(BACKWARD_BARRIER):
             return super().backward(*args, **kwargs)  # type: ignore[misc]
 
@@ -273,10 +273,40 @@ class _ShardsParameters:
         return wrapper
 
     def _save_sharded(self, path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any]) -> None:
-        """Write a sharded checkpoint (:func:`save_sharded`; metadata on global rank 0), then wait for every host."""
+        """Write a sharded checkpoint; every host takes part (metadata and the commit on global rank 0).
+
+        Through the checkpoint IO's ``save_sharded`` when it has one (the default's: in the background
+        with :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO`, which needs the hosts to
+        meet again only when a checkpoint is loaded), else on this thread (:func:`save_sharded`),
+        followed by a barrier. Every host writes into global rank 0's temporary directory.
+        """
         metadata["__sharded_keys__"] = sorted(tensors)
-        save_sharded(path, tensors, metadata, write_metadata=self.is_global_zero)  # type: ignore[attr-defined]
-        self.barrier("xla_plugins.save_sharded")  # type: ignore[attr-defined]
+        io = self.checkpoint_io  # type: ignore[attr-defined]
+        save = getattr(io, "save_sharded", None)
+        background = callable(save) and callable(getattr(io, "wait", None))
+        staging = self.broadcast(_commits.temporary_path(path))  # type: ignore[attr-defined]
+        options = {"staging": staging, "process_group": self._writer_group() if background else None}
+        if callable(save):
+            save(path, tensors, metadata if self.is_global_zero else None, **options)  # type: ignore[attr-defined]
+        else:
+            save_sharded(path, tensors, metadata, write_metadata=self.is_global_zero, **options)  # type: ignore[attr-defined]
+        if not background:
+            self.barrier("xla_plugins.save_sharded")  # type: ignore[attr-defined]
+
+    def _writer_group(self) -> Optional[Any]:
+        """On several hosts, a process group of the background writes' own (``None`` on one host).
+
+        A writer thread's collectives must not interleave with the training thread's on the default
+        group; torch_xla's ``CheckpointManager`` makes a group of its own for its writes alike. Made on
+        the training thread at the first sharded save, which every host makes.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if getattr(self, "_writes_group", None) is None:
+            self._writes_group = dist.new_group(backend="gloo")
+        return self._writes_group
 
     def _unwrap(self) -> None:
         """Put the wrapped children and un-checkpointed forwards back, so the user's module is plain again."""

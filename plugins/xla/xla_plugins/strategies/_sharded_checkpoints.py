@@ -2,27 +2,32 @@
 
 Tensors go through ``torch.distributed.checkpoint`` with torch_xla's SPMD planners
 (``torch_xla.experimental.distributed_checkpoint``); the rest of a checkpoint goes to
-:data:`METADATA_FILE` beside them. Used by the FSDPv2 strategies (:mod:`xla_plugins.strategies.xla_fsdp_v2`).
+:data:`METADATA_FILE` beside them. A checkpoint directory appears only whole: it is written under a
+temporary name and committed (:meth:`~xla_plugins.checkpoint_io.AtomicXLACheckpointIO.write_sharded`),
+by the strategy's checkpoint IO when it has a ``save_sharded`` (in the background with
+:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO`), else here, on the calling thread
+(:func:`save_sharded`). Used by the FSDPv2 strategies (:mod:`xla_plugins.strategies.xla_fsdp_v2`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
 from xla_plugins import _torch_xla_contract
-from xla_plugins.strategies._silenced_warnings import SHARDED_CHECKPOINT, silenced
+from xla_plugins._sharded_writes import METADATA_FILE, storage_reader
+from xla_plugins._silenced_warnings import SHARDED_CHECKPOINT, silenced
+from xla_plugins.checkpoint_io import AtomicXLACheckpointIO
 
-#: File of a sharded checkpoint directory holding everything but the tensors of modules and optimizers.
-METADATA_FILE = "meta.pt"
+__all__ = ["METADATA_FILE", "is_sharded_checkpoint", "load_sharded", "save_sharded", "shard_optimizer_state"]
 
 
 def shard_optimizer_state(optimizers: Iterable[Optimizer]) -> None:
@@ -42,34 +47,31 @@ def shard_optimizer_state(optimizers: Iterable[Optimizer]) -> None:
                     _torch_xla_contract.mark_sharding(value, sharding)
 
 
-def save_sharded(path: _PATH, tensors: dict[str, Any], metadata: dict[str, Any], write_metadata: bool = True) -> None:
-    """Write a sharded checkpoint: the directory ``path`` holding ``tensors`` and ``metadata``.
+def save_sharded(
+    path: _PATH,
+    tensors: dict[str, Any],
+    metadata: dict[str, Any],
+    write_metadata: bool = True,
+    staging: Optional[str] = None,
+    process_group: Optional[Any] = None,
+) -> None:
+    """Write a sharded checkpoint on the calling thread: the directory ``path`` holding ``tensors`` and ``metadata``.
 
     Tensors go through ``torch.distributed.checkpoint`` with torch_xla's ``SPMDSavePlanner`` (each
-    device's shards, nothing gathered; on several hosts each writes its own, coordinated by the
-    process group the SPMD strategies join there); ``metadata`` (anything ``torch.save`` takes) goes
-    to :data:`METADATA_FILE` when ``write_metadata`` (on global rank 0 only).
+    device's shards, nothing gathered; on several hosts each writes its own, coordinated by
+    ``process_group`` or the default group the SPMD strategies join there); ``metadata`` (anything
+    ``torch.save`` takes) goes to :data:`METADATA_FILE` when ``write_metadata`` (on global rank 0
+    only), which then commits the directory written under ``staging``
+    (:meth:`~xla_plugins.checkpoint_io.AtomicXLACheckpointIO.save_sharded`).
     """
-    import torch.distributed.checkpoint as dcp
-    import torch_xla
-    from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
-
-    torch_xla.sync()
-    Path(path).mkdir(parents=True, exist_ok=True)
-    with silenced(SHARDED_CHECKPOINT):
-        dcp.save(
-            tensors,
-            storage_writer=dcp.FileSystemWriter(str(path)),
-            planner=SPMDSavePlanner(),
-            no_dist=not torch.distributed.is_initialized(),  # one host: no process group to coordinate
-        )
-    if write_metadata:
-        torch.save(metadata, os.path.join(path, METADATA_FILE))
+    metadata_or_none = metadata if write_metadata else None
+    AtomicXLACheckpointIO().save_sharded(path, tensors, metadata_or_none, staging=staging, process_group=process_group)
 
 
 def is_sharded_checkpoint(path: _PATH) -> bool:
-    """Whether ``path`` is a directory written by :func:`save_sharded`."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILE))
+    """Whether ``path`` (a local path or an fsspec URL) is a directory written by :func:`save_sharded`."""
+    fs = get_filesystem(path)
+    return bool(fs.isdir(path) and fs.isfile(os.path.join(str(path), METADATA_FILE)))
 
 
 def load_sharded(path: _PATH, modules: dict[str, Module], optimizers: dict[str, Optimizer]) -> dict[str, Any]:
@@ -84,7 +86,8 @@ def load_sharded(path: _PATH, modules: dict[str, Module], optimizers: dict[str, 
     import torch.distributed.checkpoint as dcp
     from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner, prime_optimizer
 
-    metadata = torch.load(os.path.join(path, METADATA_FILE), map_location="cpu", weights_only=False)
+    with get_filesystem(path).open(os.path.join(str(path), METADATA_FILE), "rb") as stream:
+        metadata = torch.load(stream, map_location="cpu", weights_only=False)
     stored = set(metadata.get("__sharded_keys__", ()))
     missing = [key for key in (*modules, *optimizers) if key not in stored]
     if missing:
@@ -97,7 +100,7 @@ def load_sharded(path: _PATH, modules: dict[str, Module], optimizers: dict[str, 
     with silenced(SHARDED_CHECKPOINT):
         dcp.load(
             target,
-            storage_reader=dcp.FileSystemReader(str(path)),
+            storage_reader=storage_reader(str(path)),
             planner=SPMDLoadPlanner(),
             no_dist=not torch.distributed.is_initialized(),
         )

@@ -22,6 +22,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from lightning.pytorch.strategies.launchers.launcher import _Launcher
 
+from xla_plugins import _commits
 from xla_plugins._logging import log
 from xla_plugins.strategies._stop_settings import FILENAME, RESUME_VARIABLE, resume_mode
 
@@ -42,32 +43,24 @@ def exists(path: str) -> bool:
 
 
 def move(source: str, target: str) -> None:
-    """Give ``source`` (a file, or the directory of a sharded checkpoint) the name ``target``.
+    """Give ``source`` (a file, or the directory of a sharded checkpoint) the name ``target``, replacing an earlier one.
 
-    A file on a local disk is renamed with ``os.replace`` (atomic); an earlier directory of that name
-    is first renamed aside, then removed. Elsewhere the filesystem's ``mv`` moves it.
+    On a local disk by a rename (:func:`xla_plugins._commits.commit_local`: atomic, a directory too).
+    Elsewhere (an object store: no atomic rename) the filesystem's ``mv`` moves it, then its commit
+    marker ``<target>.commit`` is written (:func:`xla_plugins._commits.commit_remote`):
+    ``ckpt_path="last"`` takes it only once committed.
     """
-    filesystem = get_filesystem(target)
-    if not isinstance(filesystem, LocalFileSystem):
-        remove(target)
-        filesystem.mv(source, target, recursive=True)
+    if isinstance(get_filesystem(target), LocalFileSystem):
+        _commits.commit_local(source, target)
         return
-    aside = None
-    if os.path.isdir(target):
-        aside = target + ".old"
-        remove(aside)
-        os.replace(target, aside)
-    os.replace(source, target)
-    if aside is not None:
-        remove(aside)
+    _commits.commit_remote(source, target)
+    remove(source)  # the marker the atomic write left beside the temporary name
 
 
 def remove(path: str) -> None:
-    """Remove the file or directory ``path`` if it exists."""
-    filesystem = get_filesystem(path)
+    """Remove the file or directory ``path`` and its commit marker, those that exist."""
     with contextlib.suppress(OSError, FileNotFoundError):
-        if filesystem.exists(path):
-            filesystem.rm(path, recursive=True)
+        _commits.remove(path)
 
 
 class StopCheckpointCandidate(OnExceptionCheckpoint):

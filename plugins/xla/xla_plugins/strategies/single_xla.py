@@ -14,7 +14,10 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 
 from xla_plugins import _runtime
 from xla_plugins.recompile_budget import check_budget
-from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
+from xla_plugins.strategies._background_checkpoints import (
+    FabricWritesCheckpointsInBackground,
+    WritesCheckpointsInBackground,
+)
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -92,6 +95,7 @@ class SingleDeviceXLAStrategy(
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,
     KeepsOptimizersOnMovedParameters,
@@ -104,8 +108,9 @@ class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     optimizers on the parameters of the moved module, in ``fabric.setup(model, optimizer)`` and in
     ``fabric.setup_optimizers`` after ``fabric.setup_module`` (see
     :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), seeds
-    the device RNG when a module is set up, and watches the loop's steps for late compilations and
-    host reads (:mod:`xla_plugins.fabric_steps`).
+    the device RNG when a module is set up, writes ``fabric.save`` checkpoints atomically in the
+    background (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`),
+    and watches the loop's steps for late compilations and host reads (:mod:`xla_plugins.fabric_steps`).
 
     Args:
         device, accelerator, checkpoint_io, precision: as Lightning's ``SingleDeviceXLAStrategy``.

@@ -13,7 +13,10 @@ from torch import Tensor
 from xla_plugins import _runtime
 from xla_plugins.environment import XLAEnvironment
 from xla_plugins.strategies import _reduce
-from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
+from xla_plugins.strategies._background_checkpoints import (
+    FabricWritesCheckpointsInBackground,
+    WritesCheckpointsInBackground,
+)
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -153,6 +156,7 @@ class XLAStrategy(  # type: ignore[misc]
 
 class FabricXLAStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneWorkerPerDevice,
     SeedsDeviceWithModule,
@@ -164,9 +168,11 @@ class FabricXLAStrategy(  # type: ignore[misc]
     Fabric's counterpart of :class:`XLAStrategy`, with the same changes to Lightning's: this
     plugin's environment, ``torch_xla.device()``, ``torch_xla.sync()`` before checkpoints and the
     failure-stopping :class:`~xla_plugins.strategies.launchers.FabricXLALauncher`, ``all_reduce`` with
-    max and min, and the device RNG seeded when a module is set up. ``fabric.setup_optimizers``
-    after ``fabric.setup_module`` is refused with Lightning's ``RuntimeError`` (set the model and
-    optimizers up together with ``fabric.setup``). Its precision
+    max and min, the device RNG seeded when a module is set up, and ``fabric.save`` written
+    atomically in the background by global rank 0
+    (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
+    ``fabric.setup_optimizers`` after ``fabric.setup_module`` is refused with Lightning's
+    ``RuntimeError`` (set the model and optimizers up together with ``fabric.setup``). Its precision
     plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients. The
     loop's steps are watched for late compilations and host reads (:mod:`xla_plugins.fabric_steps`;
     ``recompiles``, keyword, is the budget, see

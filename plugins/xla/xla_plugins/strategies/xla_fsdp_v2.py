@@ -50,6 +50,9 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
     ``torch.load`` into the plain module without torch_xla; ``"sharded"`` writes a directory:
     each device's shards through ``torch.distributed.checkpoint`` with torch_xla's
     ``SPMDSavePlanner``, plus the rest in ``meta.pt`` (Lightning's FSDP names both formats alike).
+    Both are written atomically, in the background by default, as the other XLA strategies' files
+    (:class:`~xla_plugins.strategies._background_checkpoints.WritesCheckpointsInBackground`): the
+    step waits for the copy of each device's shards to the host only.
     ``fit(ckpt_path=...)`` reads either, after the model is wrapped (as Lightning's FSDP strategy),
     and restores the optimizer state sharded like the parameters.
 
@@ -110,6 +113,7 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
         if "optimizer_states" in checkpoint:
             tensors.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states"))})
         self._save_sharded(filepath, tensors, checkpoint)
+        self._wait_unless_a_loop_runs()
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -119,6 +123,7 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
             KeyError: fitting from a checkpoint without optimizer states (Lightning's message).
         """
         assert self.lightning_module is not None
+        self.wait_for_checkpoint_writes()  # a sharded one is read here, not through the checkpoint IO
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if is_sharded_checkpoint(checkpoint_path):
             optimizers = {f"optimizer_{i}": o for i, o in enumerate(self.optimizers)} if fitting else {}
@@ -282,6 +287,7 @@ class FabricXLAFSDPv2Strategy(_ShardsParameters, FabricXLASPMDStrategy):  # type
         Raises:
             KeyError: with ``strict``, a key of ``state`` missing from a sharded checkpoint.
         """
+        self.wait_for_checkpoints_of_every_rank()  # a sharded one is read here, not through the checkpoint IO
         if not is_sharded_checkpoint(path):
             remainder = super().load_checkpoint(path, state, strict, *args, **kwargs)
             objects = state.values() if isinstance(state, dict) else [state]

@@ -13,7 +13,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from xla_plugins.strategies import _batches
-from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
+from xla_plugins.strategies._background_checkpoints import (
+    FabricWritesCheckpointsInBackground,
+    WritesCheckpointsInBackground,
+)
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
@@ -129,6 +132,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,
     SeedsDeviceWithModule,
@@ -146,7 +150,9 @@ class FabricXLASPMDStrategy(  # type: ignore[misc]
     device RNG is seeded when a module is set up
     (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`). The loop's steps are watched for
     late compilations and host reads (:mod:`xla_plugins.fabric_steps`; ``recompiles``, keyword, is the
-    budget, see :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
+    budget, see :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`). ``fabric.save``
+    writes atomically in the background
+    (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
 
     Raises:
         ValueError: ``batch`` is not ``"per_device"`` or ``"global"``; ``recompiles`` is not a budget.

@@ -10,12 +10,17 @@ Each is about code the user does not write and cannot change, and repeats at eve
   ``SPMDSavePlanner`` has the old ``set_up_planner`` signature and uses the deprecated
   ``TypedStorage``; torch_xla's sharded tensor indexes with a list (deprecated by torch).
 
-``warnings.catch_warnings`` restores the filters on exit, so nothing outlives the call.
+``warnings.catch_warnings`` restores the filters on exit, so nothing outlives the call. Its filters
+are the whole process's, though: a block on one thread that opens and closes while a block on
+another is open loses or leaks the other's filters. A call on a writer thread (a sharded checkpoint
+written in the background) therefore uses :func:`silenced_on_this_thread`: one filter that stays
+installed and ignores the messages only on a thread inside such a block.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,3 +44,39 @@ def silenced(messages: tuple[str, ...]) -> Iterator[None]:
         for message in messages:
             warnings.filterwarnings("ignore", message=re.escape(message))
         yield
+
+
+class _ThreadMessages(threading.local):
+    """The message part of a ``warnings`` filter: matches only on a thread inside :func:`silenced_on_this_thread`.
+
+    ``warnings`` (its C implementation too) matches a filter's message by calling its ``match(text)``,
+    as it would a compiled regular expression's.
+    """
+
+    messages: tuple[str, ...] = ()
+
+    def match(self, text: str) -> bool:
+        return text.startswith(self.messages) if self.messages else False
+
+
+_ON_THIS_THREAD = _ThreadMessages()
+_FILTER = ("ignore", _ON_THIS_THREAD, Warning, None, 0)
+
+
+@contextmanager
+def silenced_on_this_thread(messages: tuple[str, ...]) -> Iterator[None]:
+    """Ignore warnings starting with any of ``messages`` inside the block, on this thread only.
+
+    Installs (once, and again if a ``catch_warnings`` block elsewhere dropped it) a filter that
+    ignores nothing on any thread outside such a block.
+    """
+    if _FILTER not in warnings.filters:
+        warnings.filters.insert(0, _FILTER)  # type: ignore[attr-defined]
+        mutated = getattr(warnings, "_filters_mutated", None)  # what warnings.filterwarnings calls (Python 3.11)
+        if callable(mutated):
+            mutated()
+    outer, _ON_THIS_THREAD.messages = _ON_THIS_THREAD.messages, messages
+    try:
+        yield
+    finally:
+        _ON_THIS_THREAD.messages = outer

@@ -1,0 +1,156 @@
+"""How a checkpoint, one file or a directory, becomes visible only once it is complete.
+
+The writer puts the checkpoint under a temporary name (:func:`temporary_path`), then commits it:
+
+* on a local disk, by a rename: ``os.replace`` for a file (atomic on POSIX); for a directory over
+  an earlier one, Linux's ``renameat2(RENAME_EXCHANGE)`` swaps the two names in one step and the
+  earlier one is then removed (:func:`commit_local`);
+* on an fsspec filesystem (an object store has no atomic rename), by moving it into place and then
+  writing the commit marker ``<path>.commit`` holding its size in bytes (:func:`commit_remote`);
+  a checkpoint counts as complete only with a marker matching its size (:func:`is_committed`).
+
+Nothing here is in Lightning, torch or torch_xla: Lightning's checkpoint IO plugins write in place,
+``torch.distributed.checkpoint`` writes a directory's files in place (only its own ``.metadata``
+under a temporary name), and torch_xla's ``CheckpointManager`` never replaces a checkpoint (a new
+directory per step, a metadata file written last). The temporary names start with a dot and end
+in ``.tmp-<id>``, so Lightning's search for ``last*.ckpt`` never takes one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import uuid
+from typing import Any
+
+import fsspec
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.types import _PATH
+
+#: Suffix of the commit marker written beside a checkpoint on a non-local filesystem.
+COMMIT_SUFFIX = ".commit"
+_AT_FDCWD = -100  # <fcntl.h>: paths relative to the working directory
+_RENAME_EXCHANGE = 2  # <linux/fs.h>: swap the two names
+
+
+def is_local(path: _PATH) -> bool:
+    """Whether ``path`` is on the local filesystem (fsspec protocol ``file``, as Lightning decides)."""
+    return fsspec.utils.get_protocol(str(path)) == "file"
+
+
+def temporary_path(path: _PATH, kind: str = "tmp") -> str:
+    """A fresh name beside ``path`` for its checkpoint while it is written: ``<dir>/.<name>.<kind>-<12 hex digits>``."""
+    path = str(path)
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.{kind}-{uuid.uuid4().hex[:12]}")
+
+
+def size(path: _PATH) -> int:
+    """Bytes of the file ``path``, or of all files under the directory ``path``."""
+    fs = get_filesystem(path)
+    return int(fs.du(path, total=True)) if fs.isdir(path) else int(fs.size(path))
+
+
+def is_committed(path: _PATH) -> bool:
+    """Whether the checkpoint ``path`` (a file or a directory) is complete, as committed by this module.
+
+    On a local disk: it exists (it only ever appears whole, by a rename). Elsewhere (fsspec URLs):
+    it and its marker ``<path>.commit`` exist and the marker holds its size in bytes (:func:`size`).
+    """
+    fs = get_filesystem(path)
+    if not fs.exists(path):
+        return False
+    if is_local(path):
+        return True
+    marker = f"{path}{COMMIT_SUFFIX}"
+    if not fs.exists(marker):
+        return False
+    with fs.open(marker, "rb") as stream:
+        text = stream.read().decode(errors="replace").strip()
+    return text == str(size(path))
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap the names ``first`` and ``second`` in one step (Linux ``renameat2``); ``False`` where not offered."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2: Any = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or filesystem without it
+        return False
+    raise OSError(error, os.strerror(error), first, None, second)
+
+
+def _remove_local(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def commit_local(temporary: str, path: _PATH) -> None:
+    """Give the complete local checkpoint ``temporary`` (file or directory) the name ``path``, replacing an earlier one.
+
+    A file over a file, or anything onto a free name: ``os.replace`` (atomic). Where a directory is
+    involved (one over an existing checkpoint, or a file over a directory): the two names are
+    exchanged (``renameat2(RENAME_EXCHANGE)``, atomic), then the earlier checkpoint, now under the
+    temporary name, is removed; a process killed in between leaves
+    that hidden ``.<name>.tmp-<id>`` behind, and ``path`` already holds the new checkpoint. Where the
+    exchange is not offered (not Linux, or a filesystem without it), the earlier one is renamed
+    aside first: a process killed between the two renames leaves it complete, but under
+    ``.<name>.old-<id>`` only.
+    """
+    path = str(path)
+    if not os.path.lexists(path) or not (os.path.isdir(temporary) or os.path.isdir(path)):
+        os.replace(temporary, path)
+        return
+    if _exchange(temporary, path):
+        _remove_local(temporary)
+        return
+    aside = temporary_path(path, "old")
+    os.replace(path, aside)
+    os.replace(temporary, path)
+    _remove_local(aside)
+
+
+def commit_remote(temporary: str, path: _PATH) -> None:
+    """Move the complete checkpoint ``temporary`` (an object, or a prefix of objects) onto ``path``, then mark it.
+
+    The earlier checkpoint of that name loses its marker first, then is removed, so nothing of it is
+    mixed with the new one; the marker ``<path>.commit`` is written last, holding :func:`size`.
+    """
+    path = str(path)
+    fs = get_filesystem(path)
+    marker = f"{path}{COMMIT_SUFFIX}"
+    if fs.exists(marker):
+        fs.rm(marker)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    fs.mv(temporary, path, recursive=True)
+    with fs.open(marker, "wb") as stream:
+        stream.write(str(size(path)).encode())
+
+
+def commit(temporary: str, path: _PATH) -> None:
+    """:func:`commit_local` or :func:`commit_remote`, by where ``path`` is."""
+    (commit_local if is_local(path) else commit_remote)(temporary, path)
+
+
+def remove(path: _PATH) -> None:
+    """Remove the checkpoint ``path`` (file or directory) and its commit marker, whichever exist."""
+    path = str(path)
+    if is_local(path):
+        _remove_local(path)
+        return
+    fs = get_filesystem(path)
+    for each in (f"{path}{COMMIT_SUFFIX}", path):
+        if fs.exists(each):
+            fs.rm(each, recursive=True)
