@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Generator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -145,11 +145,12 @@ class _XLAPrecisionBehaviour:
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()
 
-    @contextmanager
-    def forward_context(self) -> Generator[None, None, None]:
-        """Create new floating-point tensors in the precision's dtype during forward."""
-        with _SharedDefaultDtype(self._desired_dtype):
-            yield
+    def forward_context(self) -> AbstractContextManager:
+        """Create new floating-point tensors in the precision's dtype during forward.
+
+        The context manager itself, not a generator around it: this is on every step's path.
+        """
+        return _SharedDefaultDtype(self._desired_dtype)
 
     def convert_input(self, data: Any) -> Any:
         """Cast floating-point tensors of ``data`` (any collection) to the precision's dtype."""
