@@ -54,11 +54,14 @@ class InexactResumeWarning(UserWarning):
     """A resumed fit cannot continue exactly where the checkpointed run stopped (the message says why)."""
 
 
+def _map_style(loader: Any) -> bool:
+    """Whether ``loader`` is a ``DataLoader`` over a map-style dataset (its batches follow from its sampler)."""
+    return isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset)
+
+
 def _replays(loader: Any) -> bool:
     """Whether skipping ``loader``'s batches means fetching them (not a map-style ``DataLoader`` without workers)."""
-    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-        return True
-    return loader.num_workers > 0
+    return not _map_style(loader) or loader.num_workers > 0
 
 
 def _skip(iterator: Iterator, loader: Any, count: int) -> None:
@@ -228,7 +231,7 @@ class ResumableLoader:
         self.seeds.run_seed = state["run_seed"]
         if self.inner_stateful and "loader" in state:
             self.loader.load_state_dict(state["loader"])
-        elif not state["complete"] and state["trained"] and _replays(self.loader):
+        elif not state["complete"] and state["trained"] and not _map_style(self.loader):
             what = "a DataLoader over an IterableDataset" if isinstance(self.loader, DataLoader) else "not a DataLoader"
             self.warn(
                 f"its training loader is {what}: the {state['trained']} batches of epoch {state['epoch']} already"
