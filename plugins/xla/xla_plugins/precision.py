@@ -133,6 +133,7 @@ class _XLAPrecisionBehaviour:
         _runtime.require_torch_xla()
         self.precision = check_precision(precision)
         self._desired_dtype = PRECISIONS[self.precision]
+        self._forward_dtype = _SharedDefaultDtype(self._desired_dtype)  # reused: its state is the class's
         warn_about_user_precision_variables()
 
     def convert_module(self, module: Module) -> Module:
@@ -148,9 +149,9 @@ class _XLAPrecisionBehaviour:
     def forward_context(self) -> AbstractContextManager:
         """Create new floating-point tensors in the precision's dtype during forward.
 
-        The context manager itself, not a generator around it: this is on every step's path.
+        One context manager made once, not a generator around a new one: this is on every step's path.
         """
-        return _SharedDefaultDtype(self._desired_dtype)
+        return self._forward_dtype
 
     def convert_input(self, data: Any) -> Any:
         """Cast floating-point tensors of ``data`` (any collection) to the precision's dtype."""
