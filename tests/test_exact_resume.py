@@ -6,8 +6,9 @@ shuffled training loader and a validation loader, 3 epochs of 8 batches. The fau
 matrix stops each strategy's fit 3 times at points drawn with a seeded generator (inside an
 accumulation window or at its end, during validation, in the first batch of a resumed run, before
 its first step's graph is compiled) and resumes it each time; the final weights must equal the
-uninterrupted fit's bit for bit (``torch.equal``, fp32), and the batches trained, recorded with
-their sample indices, must be the same, in the same order. The loader's own rules (skipping
+uninterrupted fit's bit for bit (``torch.equal``, fp32), the batches trained, recorded with
+their sample indices, must be the same, in the same order, and every epoch's validation must have
+ended with the same loss. The loader's own rules (skipping
 without loading, replaying, the warning) are checked on CPU below, without a fit.
 """
 
@@ -132,9 +133,16 @@ def draw(kind: str, generator: random.Random, position: int) -> str:
     return f"batch:{generator.randrange(position, position + TRAIN_BATCHES // 2)}"
 
 
+def validated(root: Path) -> dict[int, float]:
+    """Each epoch's validation loss, from the last validation of that epoch that ended (a stopped one did not)."""
+    lines = (root / "validated.jsonl").read_text().splitlines()
+    return {record["epoch"]: record["val_loss"] for record in map(json.loads, lines)}
+
+
 def assert_same_fit(root: Path, reference: Path, stops: object = None) -> None:
-    """Bitwise-equal final weights, and the same batches (sample indices) in the same order."""
+    """Bitwise-equal final weights, the same batches (sample indices) in the same order, the same validations."""
     assert seen(root) == seen(reference), stops
+    assert validated(root) == validated(reference), stops
     weights, expected = (torch.load(path / "weights.pt", weights_only=True) for path in (root, reference))
     assert weights.keys() == expected.keys()
     different = [name for name in expected if not torch.equal(weights[name], expected[name])]

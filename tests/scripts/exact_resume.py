@@ -9,6 +9,8 @@ tests/xla_cpu_harness.py when ``HARNESS`` names its folder). Under ``ROOT``:
 
 * ``seen.jsonl``: one line per training batch, appended by every run, when rank 0 (for ``xla``
   every rank) starts it: epoch, batch index, rank and the sample indices of the batch;
+* ``validated.jsonl``: one line per validation run that ended (not the sanity check's), appended
+  by every run: the epoch and the logged ``val_loss`` (global rank 0's);
 * ``weights.pt``: the module's state dict when training ends (written by global rank 0);
 * ``checkpoints/last-stopped.ckpt``: the stop checkpoint, when a stop signal ended the run.
 
@@ -108,6 +110,12 @@ class Model(L.LightningModule):
                 self.stop_now()
         x, y, _ = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def on_validation_epoch_end(self):
+        if self.global_rank == 0 and not self.trainer.sanity_checking:
+            record = {"epoch": self.current_epoch, "val_loss": self.trainer.callback_metrics["val_loss"].item()}
+            with open(os.path.join(args.root, "validated.jsonl"), "a") as stream:
+                stream.write(json.dumps(record) + "\n")
 
     def on_train_end(self):
         if self.global_rank == 0:
