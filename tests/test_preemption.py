@@ -55,6 +55,10 @@ SCRIPT = textwrap.dedent(
             if self.global_rank == 0:
                 print("START_GLOBAL_STEP", self.global_step, flush=True)
 
+        def on_train_epoch_end(self):
+            if os.environ.get("STOP_AT_EPOCH_END") == str(self.current_epoch):
+                os.kill(os.getpid(), SIGNAL)
+
         def on_train_end(self):
             if self.global_rank == 0:  # printed where rank 0 trained (a spawn worker's copy of the Trainer)
                 print("FINAL_GLOBAL_STEP", self.global_step, flush=True)
@@ -264,6 +268,23 @@ def test_a_rerun_without_validation_from_a_stop_during_validation_ends_at_the_un
     resumed = run_script(root, CKPT_PATH="last", STOP_IN_VALIDATION="")  # no val_dataloader this time
     assert printed_global_step(resumed, "START") == BATCHES_PER_EPOCH
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
+
+
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
+def test_a_validation_run_again_after_a_stop_counts_its_batches_once(tmp_path):
+    """Stopped in epoch 0's validation, then, resumed, at the end of epoch 0: the second checkpoint's validation
+    totals are those of one whole validation, so the last rerun does not run epoch 0's validation a third time."""
+    root = tmp_path / "run"
+    assert run_script(root, STOP_IN_VALIDATION="1").returncode == 143
+    again = run_script(root, CKPT_PATH="last", STOP_IN_VALIDATION="again", STOP_AT_EPOCH_END="0")
+    assert again.returncode == 143, output(again)
+    assert output(again).count("VALIDATION_BATCH 0 ") == BATCHES_PER_EPOCH
+    progress = load(stop_checkpoint(root))["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+    assert progress["total"] == {key: BATCHES_PER_EPOCH for key in ("ready", "started", "processed", "completed")}
+    last = run_script(root, CKPT_PATH="last", STOP_IN_VALIDATION="again")
+    assert output(last).count("VALIDATION_BATCH 0 ") == 0
+    assert output(last).count("VALIDATION_BATCH 1 ") == BATCHES_PER_EPOCH
+    assert final_global_step(last) == EPOCHS * BATCHES_PER_EPOCH
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
