@@ -73,6 +73,10 @@ METHODS = (
         + (("weights_only",) if _lightning_release() >= (2, 6) else ()),
     ),
     PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
+    # xla_plugins.strategies._preemption: the stop waits for the end of the accumulation window
+    PrivateMethod("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate", ("self",)),
+    # xla_plugins.strategies._loader_position: the sampler's epoch, as Lightning's loops set it
+    PrivateMethod("lightning.fabric.utilities.data:_set_sampler_epoch", ("dataloader", "epoch")),
     # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
     PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
 )
@@ -92,6 +96,8 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.fabric.utilities.optimizer:", "_optimizers_to_device"),
     PrivateAttribute("lightning.fabric.utilities.types:", "_DEVICE"),
     PrivateAttribute("lightning.fabric.utilities.types:", "_PATH"),
+    PrivateAttribute("lightning.fabric.utilities.types:", "_Stateful"),
+    PrivateAttribute("lightning.fabric.utilities.data:", "_set_sampler_epoch"),
     # private instance attributes the plugin reads or replaces
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_logger_connector"),
     PrivateAttribute(_LOGGER, "_logged_metrics"),
@@ -108,6 +114,8 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
     PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
     PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
+    # xla_plugins.strategies._preemption writes the stop checkpoint as Trainer.save_checkpoint does
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
 )

@@ -133,6 +133,7 @@ class _XLAPrecisionBehaviour:
         _runtime.require_torch_xla()
         self.precision = check_precision(precision)
         self._desired_dtype = PRECISIONS[self.precision]
+        self._forward_dtype = _SharedDefaultDtype(self._desired_dtype)  # reused: its state is the class's
         warn_about_user_precision_variables()
 
     def convert_module(self, module: Module) -> Module:
@@ -145,11 +146,12 @@ class _XLAPrecisionBehaviour:
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()
 
-    @contextmanager
-    def forward_context(self) -> Generator[None, None, None]:
-        """Create new floating-point tensors in the precision's dtype during forward."""
-        with _SharedDefaultDtype(self._desired_dtype):
-            yield
+    def forward_context(self) -> AbstractContextManager:
+        """Create new floating-point tensors in the precision's dtype during forward.
+
+        One context manager made once, not a generator around a new one: this is on every step's path.
+        """
+        return self._forward_dtype
 
     def convert_input(self, data: Any) -> Any:
         """Cast floating-point tensors of ``data`` (any collection) to the precision's dtype."""

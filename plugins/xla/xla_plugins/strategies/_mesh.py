@@ -239,8 +239,11 @@ class _OneProcessOverAMesh:
         if line not in self._described:
             self._described.add(line)
             rank_zero_info(f"trainer-plugins: {self._log_name}: {line}")
-        per_step = _batches.loader_batches_per_step(self.batch, self.local_num_devices)
-        return _batches.GlobalBatches(dataloader, per_step, transform)
+        return _batches.GlobalBatches(dataloader, self.loader_batches_per_step(), transform)
+
+    def loader_batches_per_step(self) -> int:
+        """Loader batches joined into one step's global batch (:func:`._batches.loader_batches_per_step`)."""
+        return _batches.loader_batches_per_step(self.batch, self.local_num_devices)
 
     def _as_global(
         self,

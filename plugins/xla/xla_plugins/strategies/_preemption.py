@@ -6,8 +6,15 @@ run to its end (optimizer step, ``on_train_batch_end``, the progress counters). 
 checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategies:
 
 * the signals named by ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` (beside SIGTERM) stop the run the same way;
+* with gradient accumulation, the stop takes effect at the end of the accumulation window in flight
+  (the batch that steps the optimizer), never inside it: the gradients summed so far live in the
+  parameters' ``.grad`` (in the spawn strategy, each replica's own, until the step reduces them),
+  which a checkpoint does not hold, so a stop inside the window would lose them. This costs at
+  most ``accumulate_grad_batches - 1`` batches more before the checkpoint;
 * when the stop reaches the strategy (``on_exception``), one checkpoint of the whole training state
-  is written with Lightning's ``trainer.save_checkpoint`` to
+  is written as Lightning's ``trainer.save_checkpoint`` writes one (its ``dump_checkpoint``, edited by
+  :func:`~xla_plugins.strategies._interrupted_validation.checkpoint_of_a_stop`, then the strategy's
+  ``save_checkpoint``) to
   :func:`~xla_plugins.strategies._stop_checkpoint.checkpoint_path`, first under a temporary name,
   then renamed (``os.replace``), so a half-written file never carries the name;
 * one log line names the checkpoint, and the process exits with
@@ -23,7 +30,8 @@ runs Lightning's loop in replica threads, where Python takes no signal and Light
 handler, and calls no ``on_exception`` there. Its replicas agree instead (:class:`_HostStop`,
 :func:`workers_stop_together`): a signal to the main process or to any worker fixes the batch
 after which all replicas of the host stop (up to :data:`STOP_MARGIN_BATCHES` after the one in
-flight), each replica sets Lightning's stop flag when it starts that batch, and the launcher
+flight), each replica sets Lightning's stop flag when it starts that batch (or the first batch
+after it that ends an accumulation window), and the launcher
 writes the checkpoint from every replica (:func:`run_saving_on_stop`). Several hosts are not
 covered: their replicas share no memory.
 
@@ -46,6 +54,7 @@ from typing import Any, Optional
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xla_plugins._logging import log
+from xla_plugins.strategies._interrupted_validation import checkpoint_of_a_stop
 from xla_plugins.strategies._stop_checkpoint import InProcessLauncher, checkpoint_path, move, remove
 from xla_plugins.strategies._stop_settings import (
     DEADLINE_VARIABLE,
@@ -215,7 +224,19 @@ class SavesCheckpointOnStop:
             return  # Python takes signals on the main thread only; Lightning's handler stays
         lightning_handler = signal.getsignal(signal.SIGTERM)
         for signum in signals:
-            signal.signal(signum, partial(self._stop.received, lightning_handler))
+            signal.signal(signum, partial(self._received, lightning_handler))
+
+    def _inside_accumulation_window(self) -> bool:
+        """Whether the batch in flight (or, between batches, the last one) does not step the optimizer."""
+        return bool(self.lightning_module.trainer.fit_loop.epoch_loop._should_accumulate())
+
+    def _received(self, lightning_handler: Any, signum: int, frame: Any) -> None:
+        """Signal handler: stop after the batch in flight, or, inside an accumulation window, after the window."""
+        assert self._stop is not None
+        if self._inside_accumulation_window():
+            self._stop.start(signum, "the gradient accumulation window in flight finishes")
+        else:
+            self._stop.received(lightning_handler, signum, frame)
 
     def on_train_end(self) -> None:
         """Remove the stop checkpoint of this folder: training ended normally, so it describes a superseded state.
@@ -229,15 +250,24 @@ class SavesCheckpointOnStop:
             remove(checkpoint_path(trainer))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any) -> None:
-        """For a replica of the spawn strategy: stop after this batch if it is the agreed one (:class:`_HostStop`)."""
+        """Set Lightning's stop flag for this batch if a stop is due and the batch ends an accumulation window.
+
+        In a replica of the spawn strategy a stop is due from the agreed batch on (:class:`_HostStop`);
+        elsewhere once a signal arrived. Inside a window the flag is cleared (a signal between two
+        batches set it for the next one), so Lightning stops at the window's last batch.
+        """
         super().on_train_batch_start(batch, batch_idx, *args)  # type: ignore[misc]
-        if _host_stop is None or self._stop is None:
+        stop = self._stop
+        if stop is None or (_host_stop is None and stop.signum is None):
+            return
+        trainer = self.lightning_module.trainer
+        if _host_stop is None:
+            trainer._signal_connector.received_sigterm = not self._inside_accumulation_window()  # Lightning's flag
             return
         self._batches += 1
         signum = _host_stop.batch_started(self._batches)
-        if signum is not None:
-            trainer = self.lightning_module.trainer
-            self._stop.start(signum, f"the replicas stop after batch {self._batches}", announce=trainer.is_global_zero)
+        if signum is not None and not self._inside_accumulation_window():
+            stop.start(signum, f"the replicas stop after batch {self._batches}", announce=trainer.is_global_zero)
             trainer._signal_connector.received_sigterm = True  # Lightning's stop flag
 
     def on_exception(self, exception: BaseException) -> None:
@@ -267,7 +297,11 @@ class SavesCheckpointOnStop:
         stop.partial_path = path + ".partial"
         started = time.monotonic()
         try:
-            trainer.save_checkpoint(stop.partial_path)
+            # trainer.save_checkpoint, with the loop progress made exact to resume from (checkpoint_of_a_stop)
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            checkpoint_of_a_stop(checkpoint, trainer)
+            trainer.strategy.save_checkpoint(checkpoint, stop.partial_path)
+            trainer.strategy.barrier("Trainer.save_checkpoint")
             wait = getattr(trainer.strategy.checkpoint_io, "wait", None)
             if callable(wait):  # a background writer (xla_plugins.checkpoint_io) finishes the file first
                 wait()

@@ -21,6 +21,8 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
+from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -45,6 +47,8 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 class SingleDeviceXLAStrategy(
     SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
     WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
     CorrectsBatchNormAtSetup,

@@ -20,6 +20,8 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
+from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
@@ -105,6 +107,8 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 class XLAStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
     HasCompileBudget,
     WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,

@@ -20,6 +20,8 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
+from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
@@ -29,6 +31,8 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 class XLASPMDStrategy(  # type: ignore[misc]
     SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
     HasCompileBudget,
     WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,
@@ -105,11 +109,14 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
         The start-up line names the loader by the Trainer's stage (``train_dataloader``,
         ``val_dataloader`` also in the sanity check, ``test_dataloader``, ``predict_dataloader``).
+        The training loader is made resumable first (the mixins' ``process_dataloader``, see
+        :class:`~xla_plugins.strategies._loader_position.ResumesLoaderPosition`), so the global
+        batches join batches of the resumable loader.
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         stage = trainer.state.stage if trainer is not None else None
         name = f"{stage.dataloader_prefix}_dataloader" if stage is not None and stage.dataloader_prefix else None
-        return self.global_batches(dataloader, name=name)
+        return self.global_batches(super().process_dataloader(dataloader), name=name)
 
     @override
     def batch_to_device(self, batch: Any, device: Optional[torch.device] = None, dataloader_idx: int = 0) -> Any:

@@ -1,0 +1,280 @@
+"""The training loader's position in its epoch, kept in every checkpoint and restored when a fit resumes.
+
+Lightning's fit loop saves the state of every training loader that has ``state_dict`` and
+``load_state_dict`` (its stateful loader protocol, ``lightning.fabric.utilities.types._Stateful``)
+under ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``, and gives it back to
+the loader on a restart before iterating it (``_FitLoop.setup_data``; the same in Lightning 2.5 and
+2.6). The Trainer's XLA strategies give their training loader that protocol
+(:class:`ResumesLoaderPosition` wraps it in a :class:`ResumableLoader`), so a resumed fit trains the
+batches the run it continues had not trained, in the same order:
+
+* **position**: the batches of the epoch that Lightning's loop has trained (its batch progress);
+  on resume they are skipped. A ``DataLoader`` over a map-style dataset without workers skips their
+  sampler indices (no data is loaded: torch's iterator draws them from ``_sampler_iter``); with
+  workers, over an ``IterableDataset``, or for another iterable, they are loaded again and dropped
+  (the device never sees them), so the workers' random streams and the iterable's order are those
+  of the uninterrupted run. An iterable that is not a ``DataLoader`` may not yield the same batches
+  again: that resume warns once (:class:`InexactResumeWarning`).
+* **order**: the host's random states (:mod:`xla_plugins.strategies._rng_states`) when the epoch's
+  iterator started (a ``RandomSampler`` and ``DataLoader`` draw their seeds from torch's
+  generator then), set back before the iterator is made again; the sampler's epoch
+  (``DistributedSampler`` shuffles by seed and epoch) is set before that too.
+* **what follows**: the host's random states at the checkpoint, set back before the first batch the
+  checkpointed run had not fetched (and, for a loader without length, which Lightning fetches one
+  batch ahead, the states before each batch fetched ahead, so those are fetched again as they were);
+  and the run's device seed (:mod:`xla_plugins.strategies._seed`).
+
+The inner iterator is made at the first ``next()``, not at ``iter()``: Lightning calls ``iter()``
+before it sets the sampler's epoch and, after a resume at the end of an epoch, twice. An epoch
+resumed at its end yields nothing more: a fit resumed from inside an epoch's last validation that
+will not validate (no ``val_dataloader`` in the rerun) otherwise trains one batch more than the
+epoch has (its restarted epoch loop waits for that validation, Lightning's ``_is_validation_done``).
+A loader that has ``state_dict``/``load_state_dict`` itself keeps its own position (it is given
+its state); the random states are still restored.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any, Optional
+
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
+from lightning.fabric.utilities.types import _Stateful
+from torch.utils.data import DataLoader, IterableDataset
+
+from xla_plugins.strategies._rng_states import host_states, restore_host_states
+
+#: Version of the state a :class:`ResumableLoader` writes; a state of another version is refused with a warning.
+STATE_VERSION = 1
+
+
+class InexactResumeWarning(UserWarning):
+    """A resumed fit cannot continue exactly where the checkpointed run stopped (the message says why)."""
+
+
+def _map_style(loader: Any) -> bool:
+    """Whether ``loader`` is a ``DataLoader`` over a map-style dataset (its batches follow from its sampler)."""
+    return isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset)
+
+
+def _replays(loader: Any) -> bool:
+    """Whether skipping ``loader``'s batches means fetching them (not a map-style ``DataLoader`` without workers)."""
+    return not _map_style(loader) or loader.num_workers > 0
+
+
+def _skip(iterator: Iterator, loader: Any, count: int) -> None:
+    """Advance ``iterator`` (of ``loader``) past ``count`` batches; stop early if it ends."""
+    sampler_iterator = None if _replays(loader) else getattr(iterator, "_sampler_iter", None)
+    source = iterator if sampler_iterator is None else sampler_iterator
+    for _ in range(count):
+        try:
+            next(source)
+        except StopIteration:
+            return
+
+
+def _length(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+class _Epoch:
+    """One epoch's iteration of a :class:`ResumableLoader`: the inner iterator, made at the first ``next()``."""
+
+    def __init__(self, owner: ResumableLoader, epoch: int) -> None:
+        self.owner, self.epoch = owner, epoch
+        self.started = False
+        self.fetched = 0  # inner batches fetched in this epoch
+        self.start_states: Optional[dict] = None
+        # host states before each fetch, for a loader without length (Lightning fetches ahead of training)
+        self.before_fetch: Optional[collections.deque] = None
+        self._iterator: Optional[Iterator] = None
+        self._restores: list[dict] = []  # host states to set before the next fetches, in order (a resume)
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._start()
+        if self._restores:
+            restore_host_states(self._restores.pop(0))
+        if self.before_fetch is not None:
+            self.before_fetch.append(host_states())
+        batch = next(self._iterator)  # type: ignore[arg-type]
+        self.fetched += 1
+        return batch
+
+    def _start(self) -> None:
+        owner, loader = self.owner, self.owner.loader
+        self.started = True
+        owner.current = self
+        if _length(loader) is None:
+            self.before_fetch = collections.deque(maxlen=4 * owner.per_step + 4)
+        _set_sampler_epoch(loader, self.epoch)
+        state = owner.pending
+        if state is not None and state["complete"] and state["epoch"] == self.epoch:
+            # the epoch was trained to its end: nothing is left of it (Lightning asks for one more batch
+            # when a fit resumed from inside the epoch's validation will not validate: none comes); the
+            # state waits for the next epoch's iterator
+            self._iterator = iter(())
+            return
+        owner.pending = None
+        expected = None if state is None else state["epoch"] + (1 if state["complete"] else 0)
+        if state is not None and expected != self.epoch:
+            owner.warn(f"it holds the position of epoch {expected}, the loop resumed in epoch {self.epoch}")
+            state = None
+        if state is None or state["complete"] or state["start_states"] is None or owner.inner_stateful:
+            if state is not None:
+                restore_host_states(state["states"])
+            self.start_states = host_states()
+            self._iterator = iter(loader)
+            return
+        restore_host_states(state["start_states"])
+        self.start_states = state["start_states"]
+        self._iterator = iter(loader)
+        _skip(self._iterator, loader, state["trained"])
+        self.fetched = state["trained"]
+        self._restores = [*state["before_fetch"], state["states"]]
+
+
+class ResumableLoader:
+    """A fit's training loader, resumable at the batch where a checkpoint was taken (Lightning's stateful loader).
+
+    Attributes it does not define (``dataset``, ``sampler``, ``batch_size``, ...) are the loader's, read
+    and set, as for :class:`~xla_plugins.strategies._batches.GlobalBatches`.
+
+    Args:
+        loader: the training loader (any iterable of batches; a ``DataLoader`` usually).
+        trainer: the Trainer whose fit loop trains it (its progress gives the position).
+        seeds: the strategy whose ``run_seed`` seeds the device per batch
+            (:class:`~xla_plugins.strategies._seed.SeedsDeviceAtSetup`), kept with the position.
+        per_step: loader batches per training step (an SPMD strategy joins one per device).
+    """
+
+    loader: Any
+    trainer: Any
+    seeds: Any
+    per_step: int
+    #: The iteration of the epoch under way (the last one started), ``None`` before the first.
+    current: Optional[_Epoch]
+    #: A state loaded by :meth:`load_state_dict` that no iteration has started from yet.
+    pending: Optional[dict[str, Any]]
+    _warned: bool
+
+    def __init__(self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1) -> None:
+        self.__dict__.update(
+            loader=loader, trainer=trainer, seeds=seeds, per_step=per_step, current=None, pending=None, _warned=False
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        loader = self.__dict__.get("loader")
+        if loader is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(loader, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            setattr(self.loader, name, value)  # e.g. Lightning's worker_init_fn goes to the real loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> _Epoch:
+        return _Epoch(self, self.trainer.fit_loop.epoch_progress.current.processed)
+
+    @property
+    def inner_stateful(self) -> bool:
+        """Whether the loader keeps its own position (has ``state_dict`` and ``load_state_dict``)."""
+        return isinstance(self.loader, _Stateful)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position and random states to resume from (see the module docstring); plain values and tensors."""
+        if self.pending is not None:  # restored, not iterated yet: the position has not moved
+            state = dict(self.pending)
+        else:
+            loop = self.trainer.fit_loop
+            progress = loop.epoch_loop.batch_progress
+            epoch = self.current
+            trained = progress.current.processed if epoch is not None else 0
+            complete = epoch is not None and (progress.is_last_batch or trained >= self.trainer.num_training_batches)
+            before = list(epoch.before_fetch or ()) if epoch is not None else []
+            ahead = epoch.fetched - trained * self.per_step if epoch is not None else 0
+            state = {
+                "version": STATE_VERSION,
+                "epoch": epoch.epoch if epoch is not None else loop.epoch_progress.current.processed,
+                "trained": trained * self.per_step,
+                "complete": complete,
+                "start_states": epoch.start_states if epoch is not None else None,
+                "before_fetch": before[len(before) - ahead :] if 0 < ahead <= len(before) else [],
+                "states": host_states(),
+                "run_seed": self.seeds.run_seed,
+            }
+        if self.inner_stateful:
+            state["loader"] = self.loader.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` (from :meth:`state_dict`): the device seed now, the position at the next iteration.
+
+        A state of another :data:`STATE_VERSION` is ignored with an :class:`InexactResumeWarning`.
+        """
+        if state.get("version") != STATE_VERSION:
+            self.warn(f"its position was written in another format (version {state.get('version')!r})")
+            return
+        self.seeds.run_seed = state["run_seed"]
+        if self.inner_stateful and "loader" in state:
+            self.loader.load_state_dict(state["loader"])
+        elif not state["complete"] and state["trained"] and not _map_style(self.loader):
+            what = "a DataLoader over an IterableDataset" if isinstance(self.loader, DataLoader) else "not a DataLoader"
+            self.warn(
+                f"its training loader is {what}: the {state['trained']} batches of epoch {state['epoch']} already"
+                " trained are fetched again and dropped, and the run continues exactly only if the loader yields"
+                " the same batches in the same order each time it is iterated; a loader with state_dict() and"
+                " load_state_dict() keeps its own position"
+            )
+        self.pending = state
+
+    def warn(self, reason: str) -> None:
+        """Warn once per loader that the resume is not exact, for ``reason``."""
+        if not self._warned:
+            self._warned = True
+            rank_zero_warn(
+                f"The resumed fit may not continue exactly where its checkpoint was written: {reason}.",
+                category=InexactResumeWarning,
+            )
+
+
+class ResumesLoaderPosition:
+    """Mixin for the Trainer's XLA strategies: the fit's training loader is a :class:`ResumableLoader`.
+
+    The wrapper goes around the loader Lightning hands to ``process_dataloader`` (after Lightning's
+    sampler injection), inside what the strategy makes of it (the SPMD strategies' global batches,
+    whose ``process_dataloader`` calls this one first, the spawn strategy's ``MpDeviceLoader``, which
+    is given the wrapper's ``state_dict`` and ``load_state_dict``), so skipped batches never reach the
+    device. A strategy joining several loader batches into one step says how many with
+    ``loader_batches_per_step()``. Other loaders (validation, test, prediction) are left as they are.
+    """
+
+    lightning_module: Any
+
+    def process_dataloader(self, dataloader: object) -> object:
+        from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+        module = self.lightning_module
+        trainer = module.trainer if module is not None and module._trainer is not None else None
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
+            return super().process_dataloader(dataloader)  # type: ignore[misc]
+        per_step = self.loader_batches_per_step() if hasattr(self, "loader_batches_per_step") else 1
+        resumable = ResumableLoader(dataloader, trainer, self, per_step)
+        processed = super().process_dataloader(resumable)  # type: ignore[misc]
+        if not isinstance(processed, _Stateful):  # torch_xla's MpDeviceLoader: Lightning reads these two names
+            processed.state_dict = resumable.state_dict  # type: ignore[attr-defined]
+            processed.load_state_dict = resumable.load_state_dict  # type: ignore[attr-defined]
+        return processed

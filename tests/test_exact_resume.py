@@ -1,0 +1,290 @@
+"""Exact continuation: a fit stopped by SIGTERM and resumed with ``ckpt_path="last"`` ends as the uninterrupted fit.
+
+Every run is tests/scripts/exact_resume.py in its own process under a timeout, on real torch_xla
+(PJRT CPU): a seeded fit with dropout, a step LR scheduler, ``accumulate_grad_batches=2``, a
+shuffled training loader and a validation loader, 3 epochs of 8 batches. The fault-injection
+matrix stops each strategy's fit 3 times at points drawn with a seeded generator (inside an
+accumulation window or at its end, during validation, in the first batch of a resumed run, before
+its first step's graph is compiled) and resumes it each time; the final weights must equal the
+uninterrupted fit's bit for bit (``torch.equal``, fp32), the batches trained, recorded with
+their sample indices, must be the same, in the same order, and every epoch's validation must have
+ended with the same loss. The loader's own rules (skipping
+without loading, replaying, the warning) are checked on CPU below, without a fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.xla
+
+SCRIPT = Path(__file__).parent / "scripts" / "exact_resume.py"
+DEVICES = {"single_xla": 1, "xla_spmd": 4, "xla_fsdp_v2": 4, "xla": 4}
+TRAIN_BATCHES, VAL_BATCHES, EPOCHS, ACCUMULATE = 8, 4, 3, 2  # as in the script
+TOTAL = TRAIN_BATCHES * EPOCHS
+TIMEOUT_S = 420
+_uninterrupted: dict[str, Path] = {}
+
+
+def run(root: Path, strategy: str, *flags: str) -> subprocess.CompletedProcess:
+    """One run of the script for ``strategy`` (4 devices unless ``single_xla``; ``xla`` through the harness)."""
+    from xla_cpu_harness import required_environment
+
+    root.mkdir(parents=True, exist_ok=True)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PLUGINS_")}
+    environ.update(required_environment(DEVICES[strategy]), XLA_PLUGINS_RECOMPILES="off")  # the script reads batches
+    if strategy == "xla":
+        environ.update(HARNESS=str(Path(__file__).parent), XLA_PLUGINS_REPLICA_TIMEOUT="120")
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(root), "--strategy", strategy, *flags],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    return result.stdout[-3000:] + result.stderr[-6000:]
+
+
+def uninterrupted(strategy: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root of the strategy's uninterrupted fit (one per test session)."""
+    if strategy not in _uninterrupted:
+        root = tmp_path_factory.mktemp(f"uninterrupted-{strategy}")
+        result = run(root, strategy)
+        assert result.returncode == 0, output(result)
+        assert f"FINAL_GLOBAL_STEP {TOTAL // ACCUMULATE}" in result.stdout, output(result)
+        _uninterrupted[strategy] = root
+    return _uninterrupted[strategy]
+
+
+def seen(root: Path) -> list[dict]:
+    """The batches the runs under ``root`` trained, in order (per rank for the spawn strategy's replicas)."""
+    records = [json.loads(line) for line in (root / "seen.jsonl").read_text().splitlines()]
+    return sorted(records, key=lambda record: record["rank"])  # stable: each rank's order is kept
+
+
+def stop_checkpoint(root: Path) -> dict:
+    path = root / "checkpoints" / "last-stopped.ckpt"
+    if path.is_dir():  # a sharded checkpoint: all but the tensors
+        return torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def trained_batches(checkpoint: dict) -> int:
+    """The fit's batches trained when the checkpoint was written (Lightning's epoch loop progress)."""
+    return checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
+
+
+def window_end(batch: int) -> int:
+    """The batches trained once the accumulation window holding batch number ``batch`` (from 0) has stepped."""
+    return (batch // ACCUMULATE + 1) * ACCUMULATE
+
+
+def stop(root: Path, strategy: str, where: str, position: int, resume: bool, signal_to: str) -> int:
+    """Run until the stop ``where`` ends it; check it stopped at the end of an accumulation window; the new position."""
+    flags = ["--stop", where, "--signal-to", signal_to, *(["--resume"] if resume else [])]
+    result = run(root, strategy, *flags)
+    assert result.returncode == 143, output(result)
+    checkpoint = stop_checkpoint(root)
+    after = trained_batches(checkpoint)
+    kind = where.split(":")[0]
+    if kind == "val":  # the epoch's training is done; its validation starts again on resume
+        epoch = int(where.split(":")[1])
+        expected = (epoch + 1) * TRAIN_BATCHES
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        assert strategy == "xla" or progress["current"]["completed"] == 0, progress
+    else:
+        expected = window_end(int(where.split(":")[1]) if kind == "batch" else position)
+    if strategy == "xla":  # the replicas agree on a batch up to 2 batches on, then on the window's end
+        assert after >= expected and after % ACCUMULATE == 0, (where, after)
+    else:
+        assert after == expected, (where, after)
+    return after
+
+
+def stops(strategy: str) -> tuple[random.Random, list[str]]:
+    """The generator of ``strategy``'s stop points, and the order of the three kinds of stop it draws."""
+    generator = random.Random(f"exact resume {strategy}")
+    kinds = ["batch", "first", "val"]
+    generator.shuffle(kinds)
+    return generator, kinds
+
+
+def draw(kind: str, generator: random.Random, position: int) -> str:
+    """A stop of ``kind`` at or after the fit's batch number ``position``, leaving batches to train after it."""
+    if kind == "first":
+        return "first"
+    if kind == "val":
+        return f"val:{position // TRAIN_BATCHES}:{generator.randrange(VAL_BATCHES)}"
+    # within the next 4 batches: whatever the order, a later stop still has its batches, and validation its epoch
+    return f"batch:{generator.randrange(position, position + TRAIN_BATCHES // 2)}"
+
+
+def validated(root: Path) -> dict[int, float]:
+    """Each epoch's validation loss, from the last validation of that epoch that ended (a stopped one did not)."""
+    lines = (root / "validated.jsonl").read_text().splitlines()
+    return {record["epoch"]: record["val_loss"] for record in map(json.loads, lines)}
+
+
+def assert_same_fit(root: Path, reference: Path, stops: object = None) -> None:
+    """Bitwise-equal final weights, the same batches (sample indices) in the same order, the same validations."""
+    assert seen(root) == seen(reference), stops
+    assert validated(root) == validated(reference), stops
+    weights, expected = (torch.load(path / "weights.pt", weights_only=True) for path in (root, reference))
+    assert weights.keys() == expected.keys()
+    different = [name for name in expected if not torch.equal(weights[name], expected[name])]
+    assert different == [], (different, stops)
+
+
+def resume_to_the_end(root: Path, strategy: str) -> None:
+    result = run(root, strategy, "--resume")
+    assert result.returncode == 0, output(result)
+    assert f"FINAL_GLOBAL_STEP {TOTAL // ACCUMULATE}" in result.stdout, output(result)
+
+
+@pytest.mark.slow  # 5 fits per strategy, 4 devices for most: primary tox cell only (tox.ini)
+@pytest.mark.parametrize("strategy", list(DEVICES))
+def test_three_stops_at_seeded_random_points_then_the_uninterrupted_weights_and_samples(strategy, tmp_path_factory):
+    reference = uninterrupted(strategy, tmp_path_factory)
+    root = tmp_path_factory.mktemp(f"stopped-{strategy}")
+    generator, kinds = stops(strategy)
+    position, wheres = 0, []
+    for number, kind in enumerate(kinds):
+        where = draw(kind, generator, position)
+        wheres.append(where)
+        signal_to = "main" if strategy == "xla" and number == 1 else "this process"
+        position = stop(root, strategy, where, position, resume=number > 0, signal_to=signal_to)
+    resume_to_the_end(root, strategy)
+    assert_same_fit(root, reference, wheres)
+
+
+@pytest.mark.slow  # 2 fits beside the shared uninterrupted one: primary tox cell only (tox.ini)
+@pytest.mark.parametrize(
+    ("where", "trained"),
+    [("val:0:1", TRAIN_BATCHES), ("first", ACCUMULATE), ("sanity", 0)],
+    ids=["during-validation", "during-the-first-compilation", "during-the-sanity-check"],
+)
+def test_one_sigterm_then_an_exact_resume(where, trained, tmp_path_factory):
+    """SIGTERM during validation (epoch 0's, at its 2nd batch), in the first training step (before its graph is
+    compiled; the stop waits for the accumulation window) and in the sanity check (the first validation graph)."""
+    reference = uninterrupted("single_xla", tmp_path_factory)
+    root = tmp_path_factory.mktemp(f"stopped-{where.replace(':', '-')}")
+    result = run(root, "single_xla", "--stop", where)
+    assert result.returncode == 143, output(result)
+    checkpoint = stop_checkpoint(root)
+    if trained:
+        assert trained_batches(checkpoint) == trained
+    else:  # nothing trained: the checkpoint keeps no loop progress, the rerun starts with its sanity check
+        assert "loops" not in checkpoint and checkpoint["global_step"] == 0
+    resume_to_the_end(root, "single_xla")
+    assert_same_fit(root, reference)
+
+
+def test_a_stop_inside_an_accumulation_window_waits_for_its_end_and_resumes_exactly(tmp_path_factory):
+    """single_xla, one stop signalled at batch 4 (the first of the window 4-5): the checkpoint holds 6 batches."""
+    reference = uninterrupted("single_xla", tmp_path_factory)
+    root = tmp_path_factory.mktemp("stopped-in-a-window")
+    assert stop(root, "single_xla", "batch:4", 0, resume=False, signal_to="this process") == 6
+    resume_to_the_end(root, "single_xla")
+    assert_same_fit(root, reference)
+
+
+# The loader's rules, on CPU: a fake Trainer holding the fit loop's progress.
+
+
+class Counted(torch.utils.data.Dataset):
+    def __init__(self, size: int) -> None:
+        self.size, self.fetched = size, []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> int:
+        self.fetched.append(i)
+        return i
+
+
+def fake_trainer(epoch: int = 0, trained: int = 0, batches: int = 4) -> Any:
+    progress = SimpleNamespace(current=SimpleNamespace(processed=trained), is_last_batch=False)
+    fit_loop = SimpleNamespace(
+        epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=epoch)),
+        epoch_loop=SimpleNamespace(batch_progress=progress),
+    )
+    return SimpleNamespace(fit_loop=fit_loop, num_training_batches=batches)
+
+
+def state_after(loader: Any, trained: int) -> dict:
+    """The state of ``loader``'s resumable wrapper once a fit trained ``trained`` of its batches."""
+    from xla_plugins.strategies._loader_position import ResumableLoader
+
+    trainer = fake_trainer()
+    resumable = ResumableLoader(loader, trainer, SimpleNamespace(run_seed=7))
+    iterator = iter(resumable)
+    for _ in range(trained):
+        next(iterator)
+    trainer.fit_loop.epoch_loop.batch_progress.current.processed = trained
+    return resumable.state_dict()
+
+
+def resumed(loader: Any, state: dict) -> tuple[list, Any]:
+    """The batches a fresh wrapper of ``loader`` yields after loading ``state``, and the wrapper's seeds."""
+    from xla_plugins.strategies._loader_position import ResumableLoader
+
+    seeds = SimpleNamespace(run_seed=0)
+    resumable = ResumableLoader(loader, fake_trainer(trained=state["trained"]), seeds)
+    resumable.load_state_dict(state)
+    return [batch.tolist() for batch in resumable], seeds
+
+
+def test_a_map_style_loader_without_workers_skips_the_trained_batches_without_loading_them():
+    torch.manual_seed(3)
+    dataset = Counted(16)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True)
+    torch.manual_seed(11)
+    expected = [batch.tolist() for batch in loader]
+    torch.manual_seed(11)
+    state = state_after(loader, trained=2)
+    dataset.fetched.clear()
+    torch.manual_seed(999)  # another process: another generator state, restored from the checkpoint
+    batches, seeds = resumed(loader, state)
+    assert batches == expected[2:]
+    assert sorted(dataset.fetched) == sorted(i for batch in expected[2:] for i in batch)  # nothing else loaded
+    assert seeds.run_seed == 7
+
+
+def test_a_state_loads_with_weights_only_and_a_plain_iterable_resumes_by_replaying_with_one_warning(tmp_path):
+    from xla_plugins.strategies._loader_position import InexactResumeWarning
+
+    batches = [torch.tensor([i]) for i in range(5)]
+    state = state_after(batches, trained=3)
+    torch.save(state, tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        replayed, _ = resumed(batches, state)
+    assert replayed == [[3], [4]]
+    messages = [str(w.message) for w in caught if issubclass(w.category, InexactResumeWarning)]
+    assert len(messages) == 1 and "not a DataLoader" in messages[0] and "3 batches of epoch 0" in messages[0]
+
+
+def test_a_loader_with_workers_resumes_with_the_batches_it_had_not_yielded():
+    dataset = Counted(12)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1)
+    expected = [batch.tolist() for batch in loader]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exact: no warning
+        batches, _ = resumed(loader, state_after(loader, trained=2))
+    assert batches == expected[2:]
