@@ -248,8 +248,7 @@ class CompileMonitor(Callback):
         """Count the rest, print the summary, give the trainer its own profiler back, unwrap the reads."""
         self._flush()
         unwrap_reads()
-        if isinstance(trainer.profiler, PhaseProfiler):
-            trainer.profiler = trainer.profiler.inner
+        PhaseProfiler.unwrap(trainer)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
         for line in summary_lines(self.summary):
             rank_zero_info(line)
@@ -258,8 +257,7 @@ class CompileMonitor(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Unwrap the reads and give the trainer its own profiler back (a run that raised has no teardown)."""
         unwrap_reads()
-        if isinstance(trainer.profiler, PhaseProfiler):
-            trainer.profiler = trainer.profiler.inner
+        PhaseProfiler.unwrap(trainer)
 
     def _summarize(self, stage: str) -> dict[str, Any]:
         phases = [p for p in (*self.phases.values(), self._outside) if p.counts]
@@ -309,8 +307,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         ValueError: ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is not one of :data:`BUDGETS`.
     """
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
-    if isinstance(trainer.profiler, PhaseProfiler):  # left by a run that raised
-        trainer.profiler = trainer.profiler.inner
+    PhaseProfiler.unwrap(trainer)  # left by a run that raised
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
         unwrap_reads()
