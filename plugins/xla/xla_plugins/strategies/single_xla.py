@@ -17,6 +17,7 @@ from xla_plugins.recompile_budget import check_budget
 from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBackground
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
@@ -40,6 +41,7 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 
 class SingleDeviceXLAStrategy(
+    KeepsGoodputLedger,
     SavesCheckpointOnStop,
     WritesCheckpointsInBackground,
     RunsPendingEvaluationWork,

@@ -17,6 +17,7 @@ from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBa
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
@@ -101,6 +102,7 @@ class _OneWorkerPerDevice(ReportsProgress):
 
 
 class XLAStrategy(  # type: ignore[misc]
+    KeepsGoodputLedger,
     SavesCheckpointOnStop,
     HasCompileBudget,
     WritesCheckpointsInBackground,

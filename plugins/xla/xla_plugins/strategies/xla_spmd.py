@@ -17,6 +17,7 @@ from xla_plugins.strategies._background_checkpoints import WritesCheckpointsInBa
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
@@ -25,6 +26,7 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 
 class XLASPMDStrategy(  # type: ignore[misc]
+    KeepsGoodputLedger,
     SavesCheckpointOnStop,
     HasCompileBudget,
     WritesCheckpointsInBackground,
