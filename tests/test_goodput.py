@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_plugins._goodput_ledger import BUCKETS, RunLedger
+from trainer_plugins._goodput_ledger import BUCKETS, RunLedger, table_lines
 from trainer_plugins._goodput_record import read_ledger
 
 pytestmark = pytest.mark.xla
@@ -240,11 +240,17 @@ def test_every_xla_strategy_keeps_a_ledger_that_adds_up(tmp_path, strategy, devi
     [attempt] = ledger.attempts
     [calls] = counts(root)  # rank 0's steps and validation batches (it alone keeps the ledger)
     assert (attempt.last_step, attempt.ended, calls["step"]) == (STEPS, "finished", STEPS)
-    assert attempt.seconds["productive"] >= calls["step"] * 0.03
-    assert calls["val"] > 0 and attempt.seconds["validation"] >= calls["val"] * 0.05
-    assert attempt.seconds["compilation"] > 0
+    seconds, slept = attempt.seconds, {"productive": calls["step"] * 0.03, "validation": calls["val"] * 0.05}
+    assert calls["val"] > 0 and seconds["compilation"] > 0
+    if strategy == "xla":  # replica threads: torch_xla's compile seconds are the process's (every replica's
+        # compilations, capped at each interval's length), so rank 0's intervals may lose time to the others'
+        assert seconds["productive"] + seconds["validation"] + seconds["compilation"] >= sum(slept.values())
+    else:
+        assert seconds["productive"] >= slept["productive"] and seconds["validation"] >= slept["validation"]
     assert [entry["step"] for entry in logged(root)] == [BATCHES, STEPS]
-    assert sum(line.startswith("Goodput ") for line in output(result).splitlines()) == 1
+    # one table (a spawn worker's log lines may come twice, through a root handler too, with prefixes)
+    heads = {line[line.index("Goodput ") :] for line in output(result).splitlines() if " wall time: " in line}
+    assert heads == {table_lines(ledger)[0]}
 
 
 class _Trainer:
@@ -274,6 +280,9 @@ def test_the_stop_checkpoint_written_from_on_exception_counts_as_checkpoint_save
 
     strategy = Strategy()
     strategy._goodput = ledger = start_ledger(_Trainer(tmp_path))
+    with pytest.raises(ValueError, match="'lunch' is not a bucket of an interval: choose one of data, validation,"):
+        with ledger.timing("lunch"):
+            pass
     strategy.on_exception(SIGTERMException())
     strategy.teardown()
     attempt = ledger.ledger.current

@@ -53,6 +53,12 @@ def per_step_with_ledger() -> dict:
     return step_counts("plugin", "off", goodput="on")
 
 
+@pytest.fixture(scope="module")
+def per_step_with_both() -> dict:
+    """The counts with the compile monitor and the goodput ledger on: the defaults."""
+    return step_counts("plugin", "warn", goodput="on")
+
+
 def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
     raw, plugin = per_step["raw"], per_step["plugin"]
     assert raw["steps_counted"] == plugin["steps_counted"] == 64
@@ -165,3 +171,16 @@ def test_the_goodput_ledger_adds_no_device_work_and_a_python_call_per_hook_bound
         watched["python_calls"],
         unwatched["python_calls"],
     )
+
+
+def test_with_the_compile_monitor_the_ledgers_wrapper_stays_outside_and_costs_one_call_a_boundary(
+    per_step_monitored, per_step_with_both
+):
+    monitored, both = per_step_monitored["plugin"], per_step_with_both["plugin"]
+    for name in ("graph_nodes", "syncs", "graphs_executed", "transfers_to_device", "device_data_handles"):
+        assert both[name] == monitored[name], name
+    # the monitor's wrapper sits directly around Lightning's PassThroughProfiler (its listener called
+    # directly); the ledger's, outside it, adds one call a boundary (about 64 a step) and its handlers
+    assert both["python_calls_by_owner"]["xla_plugins"] - monitored["python_calls_by_owner"]["xla_plugins"] <= 6
+    assert both["python_calls_by_owner"]["trainer_plugins"] <= 100, both["python_calls_by_owner"]
+    assert both["python_calls"] - monitored["python_calls"] <= 115, (both["python_calls"], monitored["python_calls"])

@@ -1,11 +1,12 @@
 """The goodput ledger of a ``fit``: where its wall time went, for its loggers, console, checkpoints and run directory.
 
 A backend's strategy keeps one for each ``fit`` (the XLA plugin's Trainer strategies do, see
-``xla_plugins.strategies._goodput``): :func:`start_ledger` when the strategy sets up its
-environment, :meth:`GoodputLedger.watch` once the strategy is set up, :meth:`GoodputLedger.finish`
-at its teardown. The core's checkpoint connector (``trainer_plugins._lightning_checkpoint``) times
-the restore and puts the ledger into every checkpoint under :data:`CHECKPOINT_KEY`. Nothing here
-names a backend: the backend only passes its compile-seconds reader.
+``xla_plugins.strategies._goodput``): :func:`start_ledger` and :meth:`GoodputLedger.watch` when the
+strategy sets up its environment, :meth:`GoodputLedger.interrupted` from its ``on_exception``,
+:meth:`GoodputLedger.finish` at its teardown. The core's checkpoint connector
+(``trainer_plugins._lightning_checkpoint``) times the restore and puts the ledger into every
+checkpoint under :data:`CHECKPOINT_KEY`. Nothing here names a backend: the backend only passes its
+compile-seconds reader.
 
 **The buckets** (``trainer_plugins._goodput_ledger.BUCKETS``), with their boundaries. The clock of an
 attempt (``trainer_plugins._goodput_clock``) starts when its process started (Linux; the process
@@ -43,7 +44,7 @@ attempt add up to its wall time; lost work and the run's totals are in ``trainer
 **Where it goes.** At every training epoch's end, the run's figures
 (``trainer_plugins._goodput_ledger.metrics``) go to each of the Trainer's loggers
 (``logger.log_metrics(..., step=trainer.global_step)``); when ``fit`` ends, the table is printed
-(``rank_zero_info``); every checkpoint but a weights-only one carries the ledger. Where the Trainer
+(Lightning's rank-zero logger); every checkpoint but a weights-only one carries the ledger. Where the Trainer
 has a logger or a checkpoint callback and ``default_root_dir`` is a local directory, the record in
 ``<default_root_dir>/goodput/`` (``trainer_plugins._goodput_record``) is rewritten when the attempt
 starts, after each checkpoint save, at each epoch end and when ``fit`` ends, and stamped after
@@ -56,16 +57,18 @@ Part of the Lightning adapter (a twin serves ``pytorch_lightning``, see ``traine
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import fsspec
-from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.fabric.utilities.rank_zero import rank_zero_module
 
 from trainer_plugins._action_profiler import ActionProfiler, chain, remove
-from trainer_plugins._goodput_clock import BucketClock, process_start
+from trainer_plugins._goodput_clock import RANKS, BucketClock, process_start
 from trainer_plugins._goodput_ledger import LedgerFormatError, RunLedger, metrics, resumed, table_lines
 from trainer_plugins._goodput_record import NoLedgerError, StampWriter, read_ledger, record_folder, write_record
 
@@ -108,6 +111,8 @@ def start_ledger(
 class GoodputLedger:
     """The live ledger of one ``fit`` (its attempt of a run): see the module docstring.
 
+    Made by :func:`start_ledger` (its arguments). The account starts at ``trainer.global_step``.
+
     Attributes:
         ledger: the run's :class:`~trainer_plugins._goodput_ledger.RunLedger`; its last attempt is this one.
         clock: the attempt's :class:`~trainer_plugins._goodput_clock.BucketClock`.
@@ -132,13 +137,18 @@ class GoodputLedger:
         self._trained = False
         self._starts: dict[str, Callable[[], Any]] = {}
         self._stops: dict[str, Callable[[], Any]] = {}
+        self._timings = itertools.count()
         _ledgers[trainer] = self
         self.clock.charge()
 
     # -- the boundaries ---------------------------------------------------------------------------
 
     def watch(self) -> None:
-        """Hear the trainer's profiler actions from now on (call it once the strategy and model are set up)."""
+        """Hear the trainer's profiler actions from now on (call it from ``setup_environment``: the model is connected).
+
+        Wraps ``trainer.profiler`` before Lightning sets it up (the wrapper passes the set-up on) and
+        before other wrappers (the compile monitor's), which stay outside it.
+        """
         trainer, clock = self.trainer, self.clock
         strategy, module = type(trainer.strategy).__name__, type(trainer.lightning_module).__name__
         device_move = f"[Strategy]{strategy}.batch_to_device"
@@ -160,7 +170,7 @@ class GoodputLedger:
         }
         self._unwatch()
         for stale in list(chain(trainer.profiler)):
-            if isinstance(stale, _LedgerProfiler):  # left by a fit that raised in a worker
+            if isinstance(stale, _LedgerProfiler):  # left by an earlier fit of this trainer that had no teardown
                 remove(trainer, stale)
         self._profiler = _LedgerProfiler(trainer.profiler, self, frozenset(self._starts) | frozenset(self._stops))
         trainer.profiler = self._profiler
@@ -179,8 +189,14 @@ class GoodputLedger:
 
     @contextlib.contextmanager
     def timing(self, bucket: str) -> Iterator[None]:
-        """Count the time inside the context as ``bucket`` (e.g. ``"checkpoint_restore"``), nested by rank."""
-        key = f"{bucket}:{id(object())}"
+        """Count the time inside the context as ``bucket`` (e.g. ``"checkpoint_restore"``), nested by rank.
+
+        Raises:
+            ValueError: ``bucket`` is not one of ``trainer_plugins._goodput_clock.RANKS`` (the buckets of intervals).
+        """
+        if bucket not in RANKS:
+            raise ValueError(f"bucket={bucket!r} is not a bucket of an interval: choose one of {', '.join(RANKS)}.")
+        key = f"{bucket}:{next(self._timings)}"
         self.clock.begin(bucket, key)
         try:
             yield
@@ -238,7 +254,7 @@ class GoodputLedger:
             try:
                 snapshot = RunLedger.from_dict(checkpoint[CHECKPOINT_KEY])
             except LedgerFormatError as error:
-                rank_zero_warn(f"The goodput ledger in {path} is not used ({error}): this fit starts a new run.")
+                _warn(f"The goodput ledger in {path} is not used ({error}): this fit starts a new run.")
         if snapshot is not None:
             ledger = resumed(snapshot, self._record(), step, None if path is None else str(path))
             ledger.current.started_at = attempt.started_at
@@ -257,7 +273,7 @@ class GoodputLedger:
         except NoLedgerError:
             return None
         except LedgerFormatError as error:
-            rank_zero_warn(f"The goodput record is not used ({error}).")
+            _warn(f"The goodput record is not used ({error}).")
             return None
 
     # -- the end ----------------------------------------------------------------------------------
@@ -286,7 +302,9 @@ class GoodputLedger:
             attempt.ended = "finished" if self._trained else "interrupted"
         self._write()
         for line in table_lines(self.ledger):
-            rank_zero_info(line)
+            # Lightning's rank-zero logger without its rank check: only global rank 0 keeps a ledger, and
+            # replica threads of one process share the check's rank (the last thread's)
+            rank_zero_module.log.info(line)
         self._unwatch()
         if self._stamp is not None:
             self._stamp.close()
@@ -308,12 +326,16 @@ class GoodputLedger:
         try:
             return function(*args)
         except OSError as error:
-            rank_zero_warn(f"The goodput record in {self.folder} is no longer written: {error!r}. Training goes on.")
+            _warn(f"The goodput record in {self.folder} is no longer written: {error!r}. Training goes on.")
             self.folder = None
             if self._stamp is not None:
                 self._stamp.close()
             self._stamp = None
             return None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 class _LedgerProfiler(ActionProfiler):

@@ -8,7 +8,8 @@ batches count as validation), ``STEP_SLEEP`` in ``training_step`` (productive), 
 ``validation_step`` (validation), ``SAVE_SLEEP`` in ``on_save_checkpoint`` (checkpoint save),
 ``LOAD_SLEEP`` in ``on_load_checkpoint`` (checkpoint restore) and ``SETUP_SLEEP`` before ``fit``
 (start-up). It counts each call, where its bucket's sleeps happened, in ``ROOT/counts-<pid>.json``
-(rewritten after each call, so a killed run leaves its counts). ``STOP_AT`` / ``KILL_AT``: the
+(rewritten after each call, so a killed run leaves its counts; with replica threads, ``fetch`` and
+``save`` count every replica's, ``step`` and ``val`` rank 0's). ``STOP_AT`` / ``KILL_AT``: the
 process sends itself SIGTERM / SIGKILL inside the ``training_step`` of that global step.
 ``EVERY_N``: ``ModelCheckpoint(every_n_train_steps=EVERY_N, save_last=True)`` (else Lightning's
 default ``ModelCheckpoint``). ``CKPT_PATH``: ``fit(ckpt_path=...)``. A logger of its own appends
@@ -26,6 +27,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 
 if os.environ.get("HARNESS"):  # the spawn strategy on PJRT CPU: real collectives between replica threads
     sys.path.insert(0, os.environ["HARNESS"])
@@ -53,9 +55,10 @@ def counted(name: str) -> None:
     time.sleep(SLEEPS[name])
     counts[name] += 1
     path = os.path.join(ROOT, f"counts-{os.getpid()}.json")
-    with open(path + ".tmp", "w") as stream:
+    partial = f"{path}.{threading.get_ident()}.tmp"  # replica threads (and their loader threads) of one process
+    with open(partial, "w") as stream:
         json.dump(counts, stream)
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)
 
 
 class Model(L.LightningModule):

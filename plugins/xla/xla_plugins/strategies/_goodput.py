@@ -39,10 +39,10 @@ class KeepsGoodputLedger:
     """Mixin for the Trainer's XLA strategies (the first of their bases): the goodput ledger of every ``fit``.
 
     * ``setup_environment``: after the strategy's own, on global rank 0 of a ``fit``, the ledger starts
-      (:func:`trainer_plugins._goodput.start_ledger`); its start-up counts from the start of the process that
-      called ``fit`` (for the spawn strategy, the launcher's main process);
-    * ``setup``: after the strategy's own (the model on the device, the compile monitor installed),
-      the ledger hears the trainer's profiler actions;
+      (:func:`trainer_plugins._goodput.start_ledger`; its start-up counts from the start of the process that
+      called ``fit``, for the spawn strategy the launcher's main process) and hears the trainer's profiler
+      actions from then on (the strategies' own ``setup`` methods differ; ``setup_environment`` is the hook
+      all of them pass on);
     * ``on_exception``: the ledger learns why the fit ends, and the strategies' own ``on_exception``
       (the stop checkpoint, :mod:`xla_plugins.strategies._preemption`) counts as checkpoint save;
     * ``teardown``: after the strategy's own, the ledger's last account, record and table.
@@ -67,11 +67,7 @@ class KeepsGoodputLedger:
             return
         main_process = getattr(getattr(self, "_launcher", None), "_main_pid", None)
         self._goodput = start_ledger(trainer, CompileSeconds(), main_process)
-
-    def setup(self, trainer: Any) -> None:
-        super().setup(trainer)  # type: ignore[misc]
-        if self._goodput is not None:
-            self._goodput.watch()
+        self._goodput.watch()
 
     def on_exception(self, exception: BaseException) -> None:
         ledger = self._goodput
