@@ -22,8 +22,8 @@ pytestmark = pytest.mark.xla
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "step_counts.py"
 
 
-def step_counts(modes: str, recompiles: str) -> dict:
-    environ = {**os.environ, "PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": recompiles}
+def step_counts(modes: str, recompiles: str, goodput: str = "off") -> dict:
+    environ = {**os.environ, "PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": recompiles, "XLA_PLUGINS_GOODPUT": goodput}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--modes", modes],
         env=environ,
@@ -37,7 +37,7 @@ def step_counts(modes: str, recompiles: str) -> dict:
 
 @pytest.fixture(scope="module")
 def per_step() -> dict:
-    """The counts with the compile monitor off: the step's own budget (the monitor's is its own test)."""
+    """The counts with the compile monitor and the goodput ledger off: the step's own budget (theirs: own tests)."""
     return step_counts("raw,plugin,lightning", "off")
 
 
@@ -45,6 +45,18 @@ def per_step() -> dict:
 def per_step_monitored() -> dict:
     """The counts with the compile monitor on (its default, ``XLA_PLUGINS_RECOMPILES=warn``)."""
     return step_counts("plugin", "warn")
+
+
+@pytest.fixture(scope="module")
+def per_step_with_ledger() -> dict:
+    """The counts with the goodput ledger on (its default, ``XLA_PLUGINS_GOODPUT=on``), the monitor off."""
+    return step_counts("plugin", "off", goodput="on")
+
+
+@pytest.fixture(scope="module")
+def per_step_with_both() -> dict:
+    """The counts with the compile monitor and the goodput ledger on: the defaults."""
+    return step_counts("plugin", "warn", goodput="on")
 
 
 def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
@@ -143,3 +155,34 @@ def test_the_compile_monitor_adds_no_device_work_and_two_python_calls_per_hook_c
         watched["python_calls"],
         unwatched["python_calls"],
     )
+
+
+def test_the_goodput_ledger_adds_no_device_work_and_a_python_call_per_hook_boundary(per_step, per_step_with_ledger):
+    unwatched, watched = per_step["plugin"], per_step_with_ledger["plugin"]
+    for name in ("graph_nodes", "syncs", "graphs_executed", "transfers_to_device", "device_data_handles"):
+        assert watched[name] == unwatched[name], name
+    assert watched.get("compilations", 0) == 0 and watched.get("transfers_from_device", 0) == 0, watched
+    # the ledger hears each of Lightning's profiler boundaries (about 64 a step here) with one Python call
+    # in place of the PassThroughProfiler's own; the few it acts on (the batch's fetch and move to the
+    # device, the step's end) charge its clock, read torch_xla's compile counter (CompileSeconds, in
+    # xla_plugins) and write the run directory's stamp (none here: the quiet Trainer writes nothing)
+    by_owner, before = watched["python_calls_by_owner"], unwatched["python_calls_by_owner"]
+    assert by_owner["trainer_plugins"] - before.get("trainer_plugins", 0) <= 85, by_owner
+    assert by_owner["xla_plugins"] - before["xla_plugins"] <= 6, by_owner
+    assert watched["python_calls"] - unwatched["python_calls"] <= 50, (
+        watched["python_calls"],
+        unwatched["python_calls"],
+    )
+
+
+def test_with_the_compile_monitor_the_ledgers_wrapper_stays_outside_and_costs_one_call_a_boundary(
+    per_step_monitored, per_step_with_both
+):
+    monitored, both = per_step_monitored["plugin"], per_step_with_both["plugin"]
+    for name in ("graph_nodes", "syncs", "graphs_executed", "transfers_to_device", "device_data_handles"):
+        assert both[name] == monitored[name], name
+    # the monitor's wrapper sits directly around Lightning's PassThroughProfiler (its listener called
+    # directly); the ledger's, outside it, adds one call a boundary (about 64 a step) and its handlers
+    assert both["python_calls_by_owner"]["xla_plugins"] - monitored["python_calls_by_owner"]["xla_plugins"] <= 6
+    assert both["python_calls_by_owner"]["trainer_plugins"] <= 100, both["python_calls_by_owner"]
+    assert both["python_calls"] - monitored["python_calls"] <= 115, (both["python_calls"], monitored["python_calls"])

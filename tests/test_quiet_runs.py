@@ -58,11 +58,12 @@ def test_a_short_fsdp_run_prints_no_warning_of_the_strategys_own_calls(tmp_path)
     ours = [line for line in lines if GSPMD_NOTICE not in line]
     # Lightning's own warnings about the user's set-up (here: the resumed run's checkpoint directory) may stay
     lightning = [line for line in ours if "/lightning/pytorch/" in line]
-    # the compile monitor's summary at the end of each fit: a totals line, then indented lines per phase
-    monitor = [line for line in ours if line.startswith(("XLA compile monitor (", "  "))]
+    # the compile monitor's summary and the goodput table at the end of each fit: a head line, then indented lines
+    monitor = [line for line in ours if line.startswith(("XLA compile monitor (", "Goodput ", "  "))]
     assert [line for line in ours if not line.startswith(EXPECTED) and line not in lightning + monitor] == []
     assert len(ours) - len(lightning) - len(monitor) <= 16  # two fits: start-up, batch, devices, tips, restore, stop
     assert sum(line.startswith("XLA compile monitor (fit): ") for line in monitor) == 2
+    assert sum(line.startswith("Goodput ") for line in monitor) == 2
     assert any(GSPMD_NOTICE in line for line in lines)  # XLA's C++ notice, one per SPMD compilation
     # the documented way to quiet XLA's C++ warnings (the notice among them)
     quiet = run_python(

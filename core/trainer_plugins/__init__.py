@@ -28,6 +28,9 @@ _EXPORTS = {
     ),
     "trainer_plugins._versions": ("unsupported_versions",),
     "trainer_plugins._standalone": ("package_of", "resolve_in"),
+    "trainer_plugins._goodput": ("GoodputLedger", "ledger_of", "start_ledger"),
+    "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger"),
+    "trainer_plugins._goodput_record": ("read_ledger",),
     "trainer_plugins._install": ("install", "installed", "uninstall"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

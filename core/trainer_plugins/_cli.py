@@ -1,4 +1,4 @@
-"""The ``trainer-plugins`` console command: ``list``, ``doctor`` and ``explain``."""
+"""The ``trainer-plugins`` console command: ``list``, ``doctor``, ``explain`` and ``goodput``."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     after = argparse.ArgumentParser(add_help=False)
     after.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{list,doctor,explain}", help="what to show (each takes --help)"
+        dest="command", required=True, metavar="{list,doctor,explain,goodput}", help="what to show (each takes --help)"
     )
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
@@ -174,7 +174,44 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="as Trainer(precision=...), e.g. 'bf16-true' (default: the accelerator's default)",
     )
+    goodput = command("goodput", "the goodput ledger of a run directory: where its wall time went, attempt by attempt")
+    goodput.add_argument("directory", help="the run directory (the Trainer's default_root_dir) or its goodput folder")
     return parser
+
+
+def _goodput(args: argparse.Namespace) -> int:
+    """Print the ledger of ``args.directory`` (text or JSON); 1 with one line on stderr when there is none."""
+    from trainer_plugins._goodput_ledger import LedgerFormatError, table_lines
+    from trainer_plugins._goodput_record import NoLedgerError, read_ledger
+
+    try:
+        ledger = read_ledger(args.directory)
+    except NoLedgerError as error:
+        print(
+            f"trainer-plugins: error: {error}; a fit with Trainer(default_root_dir=...) set to this directory, on a"
+            " strategy that keeps the goodput ledger, writes it (with a logger or a checkpoint callback).",
+            file=sys.stderr,
+        )
+        return 1
+    except LedgerFormatError as error:
+        print(f"trainer-plugins: error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"directory": str(args.directory), **ledger.as_dict()}, indent=2))
+        return 0
+    print(f"{args.directory}: run {ledger.run}")
+    for line in table_lines(ledger):
+        print(line)
+    print("attempts:")
+    for attempt in ledger.attempts:
+        lost = f", {attempt.lost_steps} redone later" if attempt.lost_steps else ""
+        resumed = f", resumed from {attempt.resumed_from}" if attempt.resumed_from else ""
+        ended = attempt.ended or "did not finish (no last account: killed?)"
+        print(
+            f"  {attempt.number}: steps {attempt.first_step}-{attempt.last_step}{lost}, {attempt.wall_s:.1f} s,"
+            f" {ended}{resumed}"
+        )
+    return 0
 
 
 def _took(started: float, as_json: bool) -> None:
@@ -188,10 +225,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``doctor`` and ``explain`` end by reporting how long they took (``took <seconds> s``; on stderr
     with ``--json``).
 
-    Exit status: 0 on success, 1 when ``explain`` rejects the flags (the error is printed to
-    stderr), 2 on a usage error (argparse) or an unreadable control variable (one line on stderr
-    naming the variable and the accepted values). What plugins print is captured, so ``--json``
-    output is always valid JSON.
+    Exit status: 0 on success, 1 when ``explain`` rejects the flags or ``goodput`` finds no ledger
+    it can read (the error is printed to stderr), 2 on a usage error (argparse) or an unreadable
+    control variable (one line on stderr naming the variable and the accepted values). What plugins
+    print is captured, so ``--json`` output is always valid JSON.
     """
     started = time.perf_counter()
     args = _parser().parse_args(argv)
@@ -204,6 +241,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args: argparse.Namespace, started: float) -> int:
+    if args.command == "goodput":
+        return _goodput(args)
     if args.command == "explain":
         try:
             explanation = _explain(args)

@@ -1,4 +1,5 @@
-"""The Trainer's checkpoint connector: the run's plugin set in every checkpoint, and which checkpoint "last" is.
+"""The Trainer's checkpoint connector: the run's plugin set and goodput ledger in every checkpoint, which
+checkpoint "last" is, and the restore's time for the goodput ledger.
 
 Part of the Lightning adapter (its twin serves ``pytorch_lightning``, see :mod:`trainer_plugins._standalone`):
 the Trainer's data connector (:class:`trainer_plugins._lightning.TrainerDataConnector`) gives every
@@ -7,12 +8,16 @@ plugin-aware Trainer the checkpoint connector defined here.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+from trainer_plugins._goodput import CHECKPOINT_KEY as GOODPUT_KEY
+from trainer_plugins._goodput import ledger_of
 
 #: Checkpoint key under which the resolved plugin set is stored (see :class:`PluginSetCheckpointConnector`).
 CHECKPOINT_KEY = "trainer_plugins"
@@ -45,6 +50,11 @@ class PluginSetCheckpointConnector(_CheckpointConnector):
     ``plugin_set_record``), added once Lightning has built the checkpoint, in every checkpoint
     but a weights-only one. It is not a callback: a callback is called on each of Lightning's
     callback hooks, six a training step, and costs Lightning's hook dispatch each time.
+
+    When the ``fit`` has a goodput ledger (``trainer_plugins._goodput``), every checkpoint but a
+    weights-only one also carries it, under ``checkpoint["goodput_ledger"]``, and the restore of
+    ``ckpt_path`` is timed for it: the file's load with the modules and callbacks, then the
+    training state and the release of the loaded checkpoint.
     """
 
     def dump_checkpoint(self, weights_only: bool | None = None) -> dict:
@@ -52,7 +62,29 @@ class PluginSetCheckpointConnector(_CheckpointConnector):
         record = None if weights_only else plugin_set_record(self.trainer)
         if record is not None:
             checkpoint[CHECKPOINT_KEY] = record
+        ledger = None if weights_only else ledger_of(self.trainer)
+        if ledger is not None:
+            checkpoint[GOODPUT_KEY] = ledger.snapshot()
         return checkpoint
+
+    def _restore_modules_and_callbacks(self, *args: Any, **kwargs: Any) -> None:
+        ledger = ledger_of(self.trainer)
+        if ledger is None:
+            return super()._restore_modules_and_callbacks(*args, **kwargs)
+        with ledger.timing("checkpoint_restore"):
+            super()._restore_modules_and_callbacks(*args, **kwargs)
+        ledger.restored(self._loaded_checkpoint, self._ckpt_path)
+        return None
+
+    def restore_training_state(self) -> None:
+        ledger = ledger_of(self.trainer)
+        with ledger.timing("checkpoint_restore") if ledger is not None else contextlib.nullcontext():
+            super().restore_training_state()
+
+    def resume_end(self) -> None:
+        ledger = ledger_of(self.trainer)
+        with ledger.timing("checkpoint_restore") if ledger is not None else contextlib.nullcontext():
+            super().resume_end()
 
     def _parse_ckpt_path(self, state_fn: Any, ckpt_path: Any, model_provided: bool, model_connected: bool) -> Any:
         """Lightning's ``ckpt_path`` resolution; ``"last"`` takes complete ones only (:func:`last_checkpoint`)."""

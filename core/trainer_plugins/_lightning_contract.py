@@ -38,6 +38,23 @@ class PrivateAttribute(NamedTuple):
     name: str
 
 
+def lightning_release() -> tuple[int, ...]:
+    """``(major, minor)`` of the installed Lightning (``lightning``, else ``pytorch-lightning``), from its metadata.
+
+    For the names whose signature changed between the Lightning releases of the tested range.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    for distribution in ("lightning", "pytorch-lightning"):
+        try:
+            return Version(version(distribution)).release[:2]
+        except PackageNotFoundError:
+            continue
+    return (0, 0)
+
+
 _TRAINER = "lightning.pytorch.trainer.connectors.accelerator_connector:_AcceleratorConnector"
 _FABRIC = "lightning.fabric.connector:_Connector"
 _DATA = "lightning.pytorch.trainer.connectors.data_connector:_DataConnector"
@@ -67,6 +84,12 @@ METHODS = (
     PrivateMethod(
         f"{_CHECKPOINT}._parse_ckpt_path", ("self", "state_fn", "ckpt_path", "model_provided", "model_connected")
     ),
+    PrivateMethod(
+        f"{_CHECKPOINT}._restore_modules_and_callbacks",
+        ("self", "checkpoint_path") + (("weights_only",) if lightning_release() >= (2, 6) else ()),
+    ),
+    PrivateMethod(f"{_CHECKPOINT}.restore_training_state", ("self",)),
+    PrivateMethod(f"{_CHECKPOINT}.resume_end", ("self",)),
     PrivateMethod(
         "lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint._find_last_checkpoints", ("self", "trainer")
     ),
@@ -103,6 +126,8 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_accelerator_connector"),
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
     PrivateAttribute(_CHECKPOINT.partition(":")[0] + ":", "_CheckpointConnector"),
+    PrivateAttribute(_CHECKPOINT, "_loaded_checkpoint"),
+    PrivateAttribute(_CHECKPOINT, "_ckpt_path"),
     PrivateAttribute("lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint", "_fs"),
 )
 

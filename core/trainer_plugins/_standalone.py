@@ -36,7 +36,13 @@ RENAMES = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lig
 #: Modules of ours that never get a twin (one registry per process), except the Lightning adapters.
 _SHARED_ROOT = "trainer_plugins"
 _ADAPTERS = frozenset(
-    {"trainer_plugins._lightning", "trainer_plugins._lightning_checkpoint", "trainer_plugins._lightning_compile"}
+    {
+        "trainer_plugins._lightning",
+        "trainer_plugins._lightning_checkpoint",
+        "trainer_plugins._lightning_compile",
+        "trainer_plugins._action_profiler",
+        "trainer_plugins._goodput",
+    }
 )
 
 __path__: list[str] = []  # a package for the import system: ``trainer_plugins._standalone.<module>`` are the twins

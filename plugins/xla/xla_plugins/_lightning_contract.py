@@ -12,21 +12,7 @@ instead of changing the plugin's behaviour silently. Nothing here imports Lightn
 from __future__ import annotations
 
 from trainer_plugins._lightning_contract import PrivateAttribute, PrivateMethod
-
-
-def _lightning_release() -> tuple[int, ...]:
-    """``(major, minor)`` of the installed Lightning (``lightning``, else ``pytorch-lightning``), from its metadata."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
-    for distribution in ("lightning", "pytorch-lightning"):
-        try:
-            return Version(version(distribution)).release[:2]
-        except PackageNotFoundError:
-            continue
-    return (0, 0)
-
+from trainer_plugins._lightning_contract import lightning_release as _lightning_release
 
 _RESULT = "lightning.pytorch.trainer.connectors.logger_connector.result"
 _LOGGER = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector:_LoggerConnector"

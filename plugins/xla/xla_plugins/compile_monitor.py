@@ -54,6 +54,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
+from trainer_plugins._action_profiler import wrap_innermost
 from xla_plugins import _torch_xla_contract, compile_cache
 from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
@@ -266,8 +267,7 @@ class CompileMonitor(Callback):
         """Count the rest, print the summary, give the trainer its own profiler back, unwrap the reads."""
         self._flush()
         unwrap_reads()
-        if isinstance(trainer.profiler, PhaseProfiler):
-            trainer.profiler = trainer.profiler.inner
+        PhaseProfiler.unwrap(trainer)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
         for line in summary_lines(self.summary):
             rank_zero_info(line)
@@ -277,8 +277,7 @@ class CompileMonitor(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Unwrap the reads and give the trainer its own profiler back (a run that raised has no teardown)."""
         unwrap_reads()
-        if isinstance(trainer.profiler, PhaseProfiler):
-            trainer.profiler = trainer.profiler.inner
+        PhaseProfiler.unwrap(trainer)
 
     def _summarize(self, stage: str) -> dict[str, Any]:
         steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
@@ -301,8 +300,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         ValueError: ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is not one of :data:`BUDGETS`.
     """
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
-    if isinstance(trainer.profiler, PhaseProfiler):  # left by a run that raised
-        trainer.profiler = trainer.profiler.inner
+    PhaseProfiler.unwrap(trainer)  # left by a run that raised
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
         unwrap_reads()
@@ -314,7 +312,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         trainer.callbacks.append(monitor)
     monitor.budget = chosen
     monitor._start_run(trainer)
-    trainer.profiler = PhaseProfiler(trainer.profiler, monitor)
+    wrap_innermost(trainer, lambda inner: PhaseProfiler(inner, monitor))  # inside the goodput ledger's wrapper
     wrap_reads(monitor)
     return monitor
 

@@ -12,9 +12,12 @@ call on to the user's profiler and hands each action's start and stop to the com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
-from lightning.pytorch.profilers import PassThroughProfiler, Profiler
+from lightning.pytorch.profilers import Profiler
+
+from trainer_plugins._action_profiler import ActionProfiler, chain, remove
+from xla_plugins import _torch_xla_contract
 
 #: Hooks that run inside a step: a host read from the user's code in one of them is reported.
 _STEP_HOOKS = frozenset(
@@ -83,6 +86,29 @@ def read_counters() -> tuple[int, float, int]:
     )
 
 
+class CompileSeconds:
+    """torch_xla's compile seconds so far in this process (the ``CompileTime`` metric's total, in s), as a callable.
+
+    The goodput ledger's compile-seconds reader. ``CompileTime`` copies its list of up to 1024
+    samples at each read (about 40 us with a full buffer), so it is read only when torch_xla's
+    ``UncachedCompile`` counter (one C++ call, about 0.2 us) has moved since the last call, as the
+    compile monitor does.
+    """
+
+    def __init__(self) -> None:
+        self._counter_value, self._metric_data = _torch_xla_contract.metric_readers()
+        self._compilations: Optional[int] = None
+        self._seconds = 0.0
+
+    def __call__(self) -> float:
+        compilations = self._counter_value("UncachedCompile") or 0
+        if compilations != self._compilations:
+            compile_time = self._metric_data("CompileTime")
+            self._seconds = compile_time[1] / 1e9 if compile_time else 0.0
+            self._compilations = compilations
+        return self._seconds
+
+
 @dataclass
 class Phase:
     """One phase of the loop: a profiler action (a hook, possibly of a callback), its calls and counts."""
@@ -128,8 +154,11 @@ class PhaseBoundaries(Protocol):
         """The profiler action ``action_name`` stops."""
 
 
-class PhaseProfiler(Profiler):
+class PhaseProfiler(ActionProfiler):
     """The trainer's profiler, wrapped: every call goes on to ``inner``; action boundaries go to ``monitor``.
+
+    The core's :class:`~trainer_plugins._action_profiler.ActionProfiler`, with the compile monitor as its
+    listener (a class of its own, so that the monitor finds its wrapper again).
 
     Args:
         inner: the profiler the trainer had (Lightning's ``PassThroughProfiler`` by default).
@@ -137,36 +166,18 @@ class PhaseProfiler(Profiler):
     """
 
     def __init__(self, inner: Profiler, monitor: PhaseBoundaries) -> None:
-        super().__init__()
-        self.inner, self.monitor = inner, monitor
-        if type(inner) is PassThroughProfiler:
-            # Lightning's default profiler does nothing at start and stop: go to the monitor directly
-            self.start, self.stop = monitor.enter, monitor.leave  # type: ignore[method-assign]
+        super().__init__(inner, monitor)
 
-    def start(self, action_name: str) -> None:
-        self.monitor.enter(action_name)
-        self.inner.start(action_name)
+    @property
+    def monitor(self) -> PhaseBoundaries:
+        return self.listener
 
-    def stop(self, action_name: str) -> None:
-        self.inner.stop(action_name)
-        self.monitor.leave(action_name)
-
-    def summary(self) -> str:
-        return self.inner.summary()
-
-    def setup(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.setup(*args, **kwargs)
-
-    def teardown(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.teardown(*args, **kwargs)
-
-    def describe(self) -> None:
-        self.inner.describe()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "monitor"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @staticmethod
+    def unwrap(trainer: Any) -> None:
+        """Take the monitor's wrapper out of ``trainer.profiler``'s chain, wherever another wrapper put it."""
+        for profiler in list(chain(trainer.profiler)):
+            if isinstance(profiler, PhaseProfiler):
+                remove(trainer, profiler)
 
 
-__all__ = ["FABRIC", "Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]
+__all__ = ["FABRIC", "CompileSeconds", "Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]

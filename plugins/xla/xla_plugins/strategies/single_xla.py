@@ -21,6 +21,7 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
 from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
@@ -46,6 +47,7 @@ def xla_device(device: DeviceLike) -> torch.device:
 
 
 class SingleDeviceXLAStrategy(
+    KeepsGoodputLedger,
     SavesCheckpointOnStop,
     ResumesLoaderPosition,
     CorrectsRestarts,

@@ -20,6 +20,7 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
 from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
@@ -30,6 +31,7 @@ from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, Moves
 
 
 class XLASPMDStrategy(  # type: ignore[misc]
+    KeepsGoodputLedger,
     SavesCheckpointOnStop,
     ResumesLoaderPosition,
     CorrectsRestarts,
