@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from lightning.pytorch.trainer.states import TrainerFn
 
-from trainer_plugins._goodput import GoodputLedger, start_ledger
+from trainer_plugins import GoodputLedger, start_ledger
 from xla_plugins.loop_phases import CompileSeconds
 
 #: Variable that switches the goodput ledger ``on`` (default) or ``off``.
