@@ -535,3 +535,27 @@ def test_trainer_fits_on_two_simulated_hosts_each_with_its_share(tmp_path):
     resumed = json.loads(done.stdout.strip().splitlines()[-1])
     assert (resumed["world_size"], resumed["steps"], resumed["epoch"]) == (1, 4 + 8, 2)
     assert sorted(resumed["seen"]) == list(range(64))  # one host loads the whole data set
+
+
+@pytest.mark.slow  # two interpreters, each an SPMD fit on 4 PJRT CPU devices
+def test_sigterm_to_one_simulated_host_stops_every_host_at_one_step_with_one_checkpoint(tmp_path):
+    """SIGTERM reaches host 1 alone in its training_step at global step 2: both hosts stop after the same
+    batch (they agree at the next batch's start), one stop checkpoint holds that step, both exit 143."""
+    import os
+    import subprocess
+
+    import torch
+
+    script = Path(__file__).parent / "scripts" / "pod_fit.py"
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4", STOP_HOST="1", STOP_AT="2")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path)], **pipes) for r in range(2)]
+    stopped = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)  # no host is left waiting for the other
+        assert proc.returncode == 143, err[-3000:]
+        stopped.append(json.loads(out.strip().splitlines()[-1])["stopped_at"])
+    assert stopped[0] == stopped[1] == 4  # the batch in flight (step 3) and the one at whose start they agreed
+    checkpoints = list(tmp_path.rglob("*.ckpt"))
+    assert [p.name for p in checkpoints] == ["last-stopped.ckpt"]
+    assert torch.load(checkpoints[0], map_location="cpu", weights_only=False)["global_step"] == 4

@@ -7,13 +7,15 @@ a file store in ``DIR``; each process runs real torch_xla SPMD on its own 4 PJRT
 processes do not form one XLA world (torch_xla cannot join CPU processes), so their gradients are not
 reduced across hosts: this checks the multi-host Trainer path (sampler over the hosts, each host's
 share sent with minibatch sharding, ranks, rank-zero logging and checkpointing, collectives over the
-hosts), not cross-host training values. Prints one JSON line.
+hosts), not cross-host training values. Prints one JSON line. With ``STOP_HOST``/``STOP_AT`` one host
+sends itself SIGTERM during training; each host prints the global step at which it stopped.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -27,6 +29,9 @@ RANK, DIR = int(sys.argv[1]), sys.argv[2]
 HOSTS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 CHECKPOINT = sys.argv[4] if len(sys.argv) > 4 else None
 POD = Slice(f"{HOSTS} hosts x 4 chips", HOSTS, 4)
+#: STOP_HOST=r STOP_AT=s: host r sends itself SIGTERM in training_step at global step s (64 x 4 samples then)
+STOP_HOST, STOP_AT = int(os.environ.get("STOP_HOST", "-1")), int(os.environ.get("STOP_AT", "-1"))
+SAMPLES = 256 if STOP_HOST >= 0 else 64
 
 
 def main() -> None:
@@ -43,6 +48,8 @@ def main() -> None:
             self.layer = torch.nn.Linear(1, 1)
 
         def training_step(self, batch, batch_idx):
+            if RANK == STOP_HOST and self.global_step == STOP_AT:
+                os.kill(os.getpid(), signal.SIGTERM)  # a stop signal to this host only
             index = batch[0]
             seen.extend(index.cpu().tolist())
             loss = self.layer(index.float().unsqueeze(1)).pow(2).mean()
@@ -56,8 +63,13 @@ def main() -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
+    class ReportsTheStop(L.Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            print(json.dumps({"rank": RANK, "stopped_at": trainer.global_step}), flush=True)
+
     with on_host(POD.host(RANK)):
         trainer = L.Trainer(
+            callbacks=[ReportsTheStop()],
             accelerator="xla",
             devices=4,
             strategy="xla_spmd",
@@ -66,7 +78,7 @@ def main() -> None:
             enable_progress_bar=False,
             enable_model_summary=False,
         )
-        loader = DataLoader(TensorDataset(torch.arange(64)), batch_size=2)
+        loader = DataLoader(TensorDataset(torch.arange(SAMPLES)), batch_size=2)
         trainer.fit(Model(), loader, ckpt_path=CHECKPOINT)
         out = {
             "rank": trainer.global_rank,

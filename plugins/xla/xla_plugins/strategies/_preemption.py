@@ -32,8 +32,10 @@ handler, and calls no ``on_exception`` there. Its replicas agree instead (:class
 after which all replicas of the host stop (up to :data:`STOP_MARGIN_BATCHES` after the one in
 flight), each replica sets Lightning's stop flag when it starts that batch (or the first batch
 after it that ends an accumulation window), and the launcher
-writes the checkpoint from every replica (:func:`run_saving_on_stop`). Several hosts are not
-covered: their replicas share no memory.
+writes the checkpoint from every replica (:func:`run_saving_on_stop`). The hosts of a slice under
+the SPMD strategies agree over their process group instead
+(:mod:`~xla_plugins.strategies._stop_agreement`); the spawn strategy's replicas on several hosts
+share no memory and are not covered.
 
 Resuming stays Lightning's: :mod:`xla_plugins.strategies._stop_checkpoint` shows the checkpoint to
 ``ckpt_path="last"``; the settings (signals, deadline, ``XLA_PLUGINS_RESUME``) are in
@@ -55,6 +57,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xla_plugins._logging import log
 from xla_plugins.strategies._interrupted_validation import checkpoint_of_a_stop
+from xla_plugins.strategies._stop_agreement import agreed_signal, several_hosts
 from xla_plugins.strategies._stop_checkpoint import InProcessLauncher, checkpoint_path, move, remove
 from xla_plugins.strategies._stop_settings import (
     DEADLINE_VARIABLE,
@@ -231,9 +234,14 @@ class SavesCheckpointOnStop:
         return bool(self.lightning_module.trainer.fit_loop.epoch_loop._should_accumulate())
 
     def _received(self, lightning_handler: Any, signum: int, frame: Any) -> None:
-        """Signal handler: stop after the batch in flight, or, inside an accumulation window, after the window."""
+        """Signal handler: stop after the batch in flight, or, inside an accumulation window, after the window.
+
+        On several hosts only the request is noted: the hosts agree on the batch at the next batch start.
+        """
         assert self._stop is not None
-        if self._inside_accumulation_window():
+        if several_hosts(self):
+            self._stop.start(signum, "every host stops after the batch at which the hosts agree on it")
+        elif self._inside_accumulation_window():
             self._stop.start(signum, "the gradient accumulation window in flight finishes")
         else:
             self._stop.received(lightning_handler, signum, frame)
@@ -253,11 +261,20 @@ class SavesCheckpointOnStop:
         """Set Lightning's stop flag for this batch if a stop is due and the batch ends an accumulation window.
 
         In a replica of the spawn strategy a stop is due from the agreed batch on (:class:`_HostStop`);
+        on several hosts once any host received a signal (:mod:`~xla_plugins.strategies._stop_agreement`);
         elsewhere once a signal arrived. Inside a window the flag is cleared (a signal between two
         batches set it for the next one), so Lightning stops at the window's last batch.
         """
         super().on_train_batch_start(batch, batch_idx, *args)  # type: ignore[misc]
         stop = self._stop
+        if stop is not None and _host_stop is None and several_hosts(self):
+            signum = agreed_signal(self, stop.signum)  # every host, every batch (_stop_agreement)
+            if signum is None:
+                return
+            trainer = self.lightning_module.trainer
+            stop.start(signum, "another host was told to stop: this one stops too", announce=False)
+            trainer._signal_connector.received_sigterm = not self._inside_accumulation_window()  # Lightning's flag
+            return
         if stop is None or (_host_stop is None and stop.signum is None):
             return
         trainer = self.lightning_module.trainer
