@@ -288,3 +288,50 @@ def test_a_loader_with_workers_resumes_with_the_batches_it_had_not_yielded():
         warnings.simplefilter("error")  # exact: no warning
         batches, _ = resumed(loader, state_after(loader, trained=2))
     assert batches == expected[2:]
+
+
+class OwnPosition:
+    """A training loader that keeps its own position (Lightning's stateful loader protocol)."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.start = items, 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Any:
+        return iter(self.items[self.start :])
+
+    def state_dict(self) -> dict:
+        return {"start": 2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["start"]
+
+
+def checkpoint_with(*states: dict) -> dict:
+    return {"epoch": 0, "loops": {"fit_loop": {"state_dict": {"combined_loader": list(states)}, "other": 1}}}
+
+
+def test_a_checkpoint_holds_in_combined_loader_only_what_plain_lightning_writes_and_reads_back_the_positions():
+    """Lightning refuses more loader states than its loaders have (a resume on another accelerator)."""
+    from xla_plugins.strategies._loader_position import CHECKPOINT_KEY, portable, resumable
+
+    plain = state_after([torch.tensor([i]) for i in range(4)], trained=1)
+    own = state_after(OwnPosition([torch.tensor([i]) for i in range(4)]), trained=1)
+    assert own["loader"] == {"start": 2} and "loader" not in plain
+    written = checkpoint_with(plain, own)
+    saved = portable(written)
+    assert saved["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"start": 2}]  # the inner loader's own
+    assert saved["loops"]["fit_loop"]["other"] == 1 and len(saved[CHECKPOINT_KEY]) == 2
+    assert len(written["loops"]["fit_loop"]["state_dict"]["combined_loader"]) == 2  # the original is unchanged
+    read = resumable(saved)
+    assert CHECKPOINT_KEY not in read
+    assert read["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [plain, own]
+    assert portable(checkpoint_with()) == checkpoint_with()  # nothing to move: as it was
+
+
+def test_a_loader_state_written_without_the_plugin_goes_to_the_loader():
+    loader = OwnPosition([torch.tensor([i]) for i in range(4)])
+    batches, _ = resumed(loader, {"start": 2, "trained": 0})
+    assert batches == [[2], [3]]

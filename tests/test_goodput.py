@@ -114,10 +114,10 @@ def test_the_logger_receives_the_run_figures_at_each_epoch_end(sleepy_run):
     entries = logged(root)
     assert [entry["step"] for entry in entries] == [BATCHES * (epoch + 1) for epoch in range(EPOCHS)]
     keys = {"goodput", "goodput/wall_s", "goodput/steps", "goodput/lost_steps", "goodput/attempts"}
-    keys |= {f"goodput/{name}_s" for name in (*BUCKETS, "lost")}
+    keys |= {f"goodput/{name}_s" for name in (*BUCKETS, "lost")} | {"epoch"}
     for epoch, entry in enumerate(entries):
         values = entry["metrics"]
-        assert set(values) == keys
+        assert set(values) == keys and values["epoch"] == epoch  # as Lightning's own rows
         assert values["goodput/steps"] == BATCHES * (epoch + 1) and values["goodput/attempts"] == 1
         assert abs(sum(values[f"goodput/{name}_s"] for name in (*BUCKETS, "lost")) - values["goodput/wall_s"]) < 1e-6
         assert values["goodput"] == pytest.approx(values["goodput/productive_s"] / values["goodput/wall_s"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xla_plugins.strategies import _preemption, _stop_checkpoint, _stop_settings
+from xla_plugins.strategies import _stop_agreement, _stop_checkpoint, _stop_settings
 
 pytestmark = pytest.mark.xla
 
@@ -383,7 +383,7 @@ def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint
     root = tmp_path / "run"
     harness = {**required_environment(4), "HARNESS": str(Path(__file__).parent), "XLA_PLUGINS_REPLICA_TIMEOUT": "120"}
     result = run_script(root, strategy="xla", devices=4, STOP_AT=str(STOP_AT), SIGNAL_TO=signal_to, **harness)
-    stopped_at = STOP_AT + 1 + _preemption.STOP_MARGIN_BATCHES
+    stopped_at = STOP_AT + 1 + _stop_agreement.STOP_MARGIN_BATCHES
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM, stopped_at=stopped_at)
     resumed = run_script(root, strategy="xla", devices=4, CKPT_PATH="last", **harness)
     # (Lightning's "Restoring states" line from a worker does not always reach the output: count steps instead)

@@ -43,7 +43,8 @@ attempt add up to its wall time; lost work and the run's totals are in ``trainer
 
 **Where it goes.** At every training epoch's end, the run's figures
 (``trainer_plugins._goodput_ledger.metrics``) go to each of the Trainer's loggers
-(``logger.log_metrics(..., step=trainer.global_step)``); when ``fit`` ends, the table is printed
+(``logger.log_metrics(..., step=trainer.global_step)``, with ``"epoch"`` as in Lightning's own rows);
+when ``fit`` ends, the table is printed
 (Lightning's rank-zero logger); every checkpoint but a weights-only one carries the ledger. Where the Trainer
 has a logger or a checkpoint callback and ``default_root_dir`` is a local directory, the record in
 ``<default_root_dir>/goodput/`` (``trainer_plugins._goodput_record``) is rewritten when the attempt
@@ -227,7 +228,8 @@ class GoodputLedger:
     def _epoch_ended(self) -> None:
         self.clock.charge()
         self.ledger.current.last_step = self.trainer.global_step
-        values = metrics(self.ledger)
+        # with the epoch, as Lightning adds it to the metrics it logs itself (_LoggerConnector.log_metrics)
+        values = {**metrics(self.ledger), "epoch": self.trainer.current_epoch}
         for logger in self.trainer.loggers:
             logger.log_metrics(values, step=self.trainer.global_step)
         self._write()

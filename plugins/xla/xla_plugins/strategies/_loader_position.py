@@ -6,7 +6,11 @@ under ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``, and 
 the loader on a restart before iterating it (``_FitLoop.setup_data``; the same in Lightning 2.5 and
 2.6). The Trainer's XLA strategies give their training loader that protocol
 (:class:`ResumesLoaderPosition` wraps it in a :class:`ResumableLoader`), so a resumed fit trains the
-batches the run it continues had not trained, in the same order:
+batches the run it continues had not trained, in the same order. In the file the positions stand
+under their own key, :data:`CHECKPOINT_KEY` (:func:`portable`), and ``combined_loader`` holds what
+plain Lightning writes there (the states of loaders that are stateful themselves): Lightning refuses
+a checkpoint with more loader states than its loaders have, so otherwise a checkpoint of an XLA run
+would not resume on another accelerator. What a position holds:
 
 * **position**: the batches of the epoch that Lightning's loop has trained (its batch progress);
   on resume they are skipped. A ``DataLoader`` over a map-style dataset without workers skips their
@@ -48,6 +52,9 @@ from xla_plugins.strategies._rng_states import host_states, restore_host_states
 
 #: Version of the state a :class:`ResumableLoader` writes; a state of another version is refused with a warning.
 STATE_VERSION = 1
+
+#: The checkpoint's top-level key for the training loaders' positions (Lightning leaves keys it does not know).
+CHECKPOINT_KEY = "xla_plugins_loader_positions"
 
 
 class InexactResumeWarning(UserWarning):
@@ -223,8 +230,12 @@ class ResumableLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` (from :meth:`state_dict`): the device seed now, the position at the next iteration.
 
-        A state of another :data:`STATE_VERSION` is ignored with an :class:`InexactResumeWarning`.
+        A state of another :data:`STATE_VERSION` is ignored with an :class:`InexactResumeWarning`; the
+        loader's own state (a checkpoint written without this plugin) goes to the loader.
         """
+        if "version" not in state and "run_seed" not in state and self.inner_stateful:
+            self.loader.load_state_dict(state)  # the loader's own state, from a run without this plugin
+            return
         if state.get("version") != STATE_VERSION:
             self.warn(f"its position was written in another format (version {state.get('version')!r})")
             return
@@ -251,6 +262,65 @@ class ResumableLoader:
             )
 
 
+def _loader_states(checkpoint: dict[str, Any]) -> Optional[list]:
+    """The fit loop's ``combined_loader`` list of ``checkpoint``, ``None`` if it has none."""
+    fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    states = fit_loop.get("state_dict", {}).get("combined_loader")
+    return states if isinstance(states, list) else None
+
+
+def portable(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with the :class:`ResumableLoader` states moved from ``combined_loader`` to :data:`CHECKPOINT_KEY`.
+
+    ``combined_loader`` keeps the inner loaders' own states (of those that have one), in order, as
+    plain Lightning writes them; each position records whether its loader had one. A checkpoint
+    without such states is returned as it is; otherwise a copy (``checkpoint`` is not changed).
+
+    Args:
+        checkpoint: a Trainer checkpoint (Lightning's ``dump_checkpoint``).
+    """
+    states = _loader_states(checkpoint)
+    if not states or not all(isinstance(s, dict) and s.get("version") == STATE_VERSION for s in states):
+        return checkpoint
+    positions = [{**{k: v for k, v in s.items() if k != "loader"}, "has_loader_state": "loader" in s} for s in states]
+    loops, fit_loop = checkpoint["loops"], checkpoint["loops"]["fit_loop"]
+    inner = [s["loader"] for s in states if "loader" in s]
+    fit_state = {**fit_loop["state_dict"], "combined_loader": inner}
+    loops = {**loops, "fit_loop": {**fit_loop, "state_dict": fit_state}}
+    return {**checkpoint, "loops": loops, CHECKPOINT_KEY: positions}
+
+
+def resumable(checkpoint: Any) -> Any:
+    """The inverse of :func:`portable`: the positions back in ``combined_loader``, each with its loader's state.
+
+    ``checkpoint`` (a loaded dict) is changed in place and returned; one without :data:`CHECKPOINT_KEY`
+    is returned as it is (a checkpoint of plain Lightning, or one whose positions never left).
+
+    Raises:
+        ValueError: the positions name more loader states than ``combined_loader`` holds.
+    """
+    positions = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    states = _loader_states(checkpoint) if positions is not None else None
+    if positions is None or states is None:
+        return checkpoint
+    inner = iter(states)
+    restored = []
+    for position in positions:
+        position = dict(position)
+        if position.pop("has_loader_state"):
+            state = next(inner, None)
+            if state is None:
+                raise ValueError(
+                    f"The checkpoint's {CHECKPOINT_KEY!r} name more loader states than its combined_loader holds"
+                    f" ({len(states)})."
+                )
+            position["loader"] = state
+        restored.append(position)
+    checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] = restored
+    del checkpoint[CHECKPOINT_KEY]
+    return checkpoint
+
+
 class ResumesLoaderPosition:
     """Mixin for the Trainer's XLA strategies: the fit's training loader is a :class:`ResumableLoader`.
 
@@ -263,6 +333,14 @@ class ResumesLoaderPosition:
     """
 
     lightning_module: Any
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        """Write ``checkpoint`` with the training loaders' positions under :data:`CHECKPOINT_KEY` (:func:`portable`)."""
+        super().save_checkpoint(portable(checkpoint), *args, **kwargs)  # type: ignore[misc]
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Read a checkpoint, the training loaders' positions back where the fit loop reads them (:func:`resumable`)."""
+        return resumable(super().load_checkpoint(*args, **kwargs))  # type: ignore[misc]
 
     def process_dataloader(self, dataloader: object) -> object:
         from lightning.pytorch.trainer.states import RunningStage, TrainerFn

@@ -27,10 +27,10 @@ checkpoint. :class:`SavesCheckpointOnStop` adds, for the Trainer's XLA strategie
 
 The spawn strategy (``"xla"``, one worker process per device, or one replica thread per device)
 runs Lightning's loop in replica threads, where Python takes no signal and Lightning installs no
-handler, and calls no ``on_exception`` there. Its replicas agree instead (:class:`_HostStop`,
-:func:`workers_stop_together`): a signal to the main process or to any worker fixes the batch
-after which all replicas of the host stop (up to :data:`STOP_MARGIN_BATCHES` after the one in
-flight), each replica sets Lightning's stop flag when it starts that batch (or the first batch
+handler, and calls no ``on_exception`` there. Its replicas agree instead
+(:mod:`~xla_plugins.strategies._stop_agreement`): a signal to the main process or to any worker
+fixes the batch after which all replicas of the host stop (up to ``STOP_MARGIN_BATCHES`` after the
+one in flight), each replica sets Lightning's stop flag when it starts that batch (or the first batch
 after it that ends an accumulation window), and the launcher
 writes the checkpoint from every replica (:func:`run_saving_on_stop`). The hosts of a slice under
 the SPMD strategies agree over their process group instead
@@ -44,18 +44,18 @@ Resuming stays Lightning's: :mod:`xla_plugins.strategies._stop_checkpoint` shows
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Optional
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xla_plugins._logging import log
+from xla_plugins.strategies import _stop_agreement
 from xla_plugins.strategies._interrupted_validation import checkpoint_of_a_stop
 from xla_plugins.strategies._stop_agreement import agreed_signal, several_hosts
 from xla_plugins.strategies._stop_checkpoint import InProcessLauncher, checkpoint_path, move, remove
@@ -66,75 +66,6 @@ from xla_plugins.strategies._stop_settings import (
     deadline_s,
     exit_status,
 )
-
-#: Batches a replica of the spawn strategy runs after the most advanced replica's current one before it stops.
-#: Every replica checks the agreed batch when it starts a batch; with 2, a replica that started its next
-#: batch while the stop was being agreed still stops at the agreed one.
-STOP_MARGIN_BATCHES = 2
-
-
-class _HostStop:
-    """Where the replicas of one host agree on the batch after which they all stop (the spawn strategy).
-
-    Three integers in shared memory, made before the workers fork: the most batches any replica has
-    started, the batch after which all stop (0: none yet) and the signal. A stop request (the signal
-    handler of the main process or of any worker, which inherit it) sets the stop batch to the
-    first plus :data:`STOP_MARGIN_BATCHES`; each replica compares it with its own count when it
-    starts a batch. No device value is read: the check is two reads of shared memory a batch.
-    """
-
-    def __init__(self, context: Any) -> None:
-        self._values = context.RawArray("q", 3)
-
-    def request(self, signum: int, frame: Any = None) -> None:
-        """Signal handler: agree on a stop batch, once."""
-        if self._values[1] == 0:
-            self._values[2] = int(signum)
-            self._values[1] = self._values[0] + STOP_MARGIN_BATCHES
-            log.warning(
-                "Received %s: every replica stops after batch %d of this fit, then a checkpoint is written.",
-                signal.Signals(signum).name,
-                self._values[1],
-            )
-
-    def batch_started(self, batches: int) -> Optional[int]:
-        """Record that a replica started its batch number ``batches`` (from 1); the signal if it is the last."""
-        if batches > self._values[0]:
-            self._values[0] = batches
-        stop = self._values[1]
-        return int(self._values[2]) if stop and batches >= stop else None
-
-
-#: The agreement of the spawn strategy's replicas on this host (``None`` outside a spawn launch).
-_host_stop: Optional[_HostStop] = None
-
-
-@contextlib.contextmanager
-def workers_stop_together(context: Any) -> Iterator[None]:
-    """While the spawn strategy's workers run: the stop signals make every replica stop after one agreed batch.
-
-    The main process's handlers, installed here, are inherited by the forked workers, so a signal to
-    the main process or to any worker makes the same request (:class:`_HostStop`).
-
-    Args:
-        context: the ``multiprocessing`` context the workers are started with.
-
-    Raises:
-        ValueError: ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` or ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` is invalid.
-    """
-    global _host_stop
-    signals = checkpoint_signals()
-    deadline_s()
-    outer, _host_stop = _host_stop, _HostStop(context)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {signum: signal.signal(signum, _host_stop.request) for signum in signals}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        _host_stop = outer
 
 
 class _Stop:
@@ -209,6 +140,7 @@ class SavesCheckpointOnStop:
     _launcher: Any  # Lightning's Strategy: Optional[_Launcher]
     _stop: Optional[_Stop] = None
     _batches = 0
+    _several_hosts = False  # several_hosts(self), fixed when training starts (read every batch)
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
@@ -221,7 +153,8 @@ class SavesCheckpointOnStop:
         deadline_s()  # a bad value fails now, not when the signal arrives
         self._stop = _Stop()
         self._batches = 0
-        if _host_stop is not None:
+        self._several_hosts = several_hosts(self)
+        if _stop_agreement.host_stop is not None:
             return  # a replica of the spawn strategy: the replicas agree on the batch (on_train_batch_start)
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only; Lightning's handler stays
@@ -239,7 +172,7 @@ class SavesCheckpointOnStop:
         On several hosts only the request is noted: the hosts agree on the batch at the next batch start.
         """
         assert self._stop is not None
-        if several_hosts(self):
+        if self._several_hosts:
             self._stop.start(signum, "every host stops after the batch at which the hosts agree on it")
         elif self._inside_accumulation_window():
             self._stop.start(signum, "the gradient accumulation window in flight finishes")
@@ -260,14 +193,15 @@ class SavesCheckpointOnStop:
     def on_train_batch_start(self, batch: Any, batch_idx: int, *args: Any) -> None:
         """Set Lightning's stop flag for this batch if a stop is due and the batch ends an accumulation window.
 
-        In a replica of the spawn strategy a stop is due from the agreed batch on (:class:`_HostStop`);
+        In a replica of the spawn strategy a stop is due from the agreed batch on
+        (:class:`~xla_plugins.strategies._stop_agreement.HostStop`);
         on several hosts once any host received a signal (:mod:`~xla_plugins.strategies._stop_agreement`);
         elsewhere once a signal arrived. Inside a window the flag is cleared (a signal between two
         batches set it for the next one), so Lightning stops at the window's last batch.
         """
         super().on_train_batch_start(batch, batch_idx, *args)  # type: ignore[misc]
         stop = self._stop
-        if stop is not None and _host_stop is None and several_hosts(self):
+        if stop is not None and self._several_hosts and _stop_agreement.host_stop is None:
             signum = agreed_signal(self, stop.signum)  # every host, every batch (_stop_agreement)
             if signum is None:
                 return
@@ -275,14 +209,14 @@ class SavesCheckpointOnStop:
             stop.start(signum, "another host was told to stop: this one stops too", announce=False)
             trainer._signal_connector.received_sigterm = not self._inside_accumulation_window()  # Lightning's flag
             return
-        if stop is None or (_host_stop is None and stop.signum is None):
+        if stop is None or (_stop_agreement.host_stop is None and stop.signum is None):
             return
         trainer = self.lightning_module.trainer
-        if _host_stop is None:
+        if _stop_agreement.host_stop is None:
             trainer._signal_connector.received_sigterm = not self._inside_accumulation_window()  # Lightning's flag
             return
         self._batches += 1
-        signum = _host_stop.batch_started(self._batches)
+        signum = _stop_agreement.host_stop.batch_started(self._batches)
         if signum is not None and not self._inside_accumulation_window():
             stop.start(signum, f"the replicas stop after batch {self._batches}", announce=trainer.is_global_zero)
             trainer._signal_connector.received_sigterm = True  # Lightning's stop flag
@@ -343,7 +277,7 @@ class SavesCheckpointOnStop:
                     RESUME_VARIABLE,
                     status,
                 )
-        if _host_stop is not None:
+        if _stop_agreement.host_stop is not None:
             self.barrier("stop checkpoint renamed")  # type: ignore[attr-defined]  # no replica leaves before
         exception.code = status  # type: ignore[attr-defined]  # SystemExit's status, re-raised by Lightning
         exception.args = (status,)  # the status a copy rebuilt from a worker's report carries

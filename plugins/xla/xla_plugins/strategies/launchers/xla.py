@@ -19,7 +19,7 @@ from lightning.pytorch.strategies.launchers.xla import _XLALauncher as _Lightnin
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from xla_plugins.strategies import _preemption, _stop_checkpoint
+from xla_plugins.strategies import _preemption, _stop_agreement, _stop_checkpoint
 from xla_plugins.strategies.launchers._failures import run_replica
 from xla_plugins.strategies.launchers._supervisor import spawn_replicas
 from xla_plugins.strategies.launchers._watchdog import _then_progress
@@ -55,7 +55,7 @@ class XLALauncher(_LightningXLALauncher):
         devices = len(self._strategy.parallel_devices or ())
         with (
             _stop_checkpoint.resume_arguments(function, args, kwargs, trainer) as (args, kwargs),
-            _preemption.workers_stop_together(mp.get_context(self._start_method)),
+            _stop_agreement.workers_stop_together(mp.get_context(self._start_method)),
         ):
             worker_output = spawn_replicas(
                 self._wrapping_function, (trainer, function, args, kwargs), devices, self._start_method
