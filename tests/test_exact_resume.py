@@ -193,6 +193,7 @@ def test_one_sigterm_then_an_exact_resume(where, trained, tmp_path_factory):
     assert_same_fit(root, reference)
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_a_stop_inside_an_accumulation_window_waits_for_its_end_and_resumes_exactly(tmp_path_factory):
     """single_xla, one stop signalled at batch 4 (the first of the window 4-5): the checkpoint holds 6 batches."""
     reference = uninterrupted("single_xla", tmp_path_factory)

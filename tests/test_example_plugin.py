@@ -89,6 +89,7 @@ def test_a_plain_trainer_trains_with_the_example_strategy_by_name(tmp_path):
     check_two_replicas(run(tmp_path, "trainer"), epochs=2)
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_lightning_cli_selects_the_example_strategy_by_name(tmp_path):
     pytest.importorskip("jsonargparse")
     args = [

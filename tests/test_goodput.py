@@ -157,6 +157,7 @@ def test_the_cli_prints_the_ledger_of_a_run_directory_as_text_and_json(sleepy_ru
     assert data["totals"] == pytest.approx(ledger.totals()) and data["steps"] == STEPS
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_lost_work_after_a_sigkill_equals_the_steps_redone(tmp_path):
     root, kill_at = tmp_path / "run", 7  # killed in the training step of global step 7; checkpoints every 3 steps
     killed = run_fit(root, EVERY_N="3", KILL_AT=str(kill_at), STEP_SLEEP="0.03")
@@ -179,6 +180,7 @@ def test_lost_work_after_a_sigkill_equals_the_steps_redone(tmp_path):
     assert ledger.totals()["lost"] == first.lost_s
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_the_ledger_adds_up_across_a_sigterm_stop_and_the_resume(tmp_path):
     root = tmp_path / "run"
     stopped = run_fit(root, STOP_AT="3", SAVE_SLEEP="0.3")  # the stop checkpoint after step 4

@@ -136,6 +136,7 @@ def example_run():
     return result
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 @pytest.mark.xla
 def test_the_example_trains_on_single_xla_through_the_plain_trainer(example_run):
     output = example_run.stdout + example_run.stderr

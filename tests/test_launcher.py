@@ -46,6 +46,7 @@ def faults() -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_a_worker_ending_with_an_exit_code_is_reported_with_its_ranks_and_code(faults):
     report = faults["exits"]
     assert report["type"] == "WorkerDiedError"

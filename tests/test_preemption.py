@@ -174,6 +174,7 @@ def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_a
     assert "SIGTERMException" not in output(result)
 
 
+@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path):
     root = tmp_path / "run"  # Lightning's default logger and ModelCheckpoint: a new version_N folder each run
     assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)

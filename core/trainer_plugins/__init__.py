@@ -28,6 +28,13 @@ _EXPORTS = {
     ),
     "trainer_plugins._versions": ("unsupported_versions",),
     "trainer_plugins._standalone": ("package_of", "resolve_in"),
+    "trainer_plugins._action_profiler": (
+        "ActionListener",
+        "ActionProfiler",
+        "profiler_chain",
+        "remove_profiler",
+        "wrap_innermost_profiler",
+    ),
     "trainer_plugins._goodput": ("GoodputLedger", "ledger_of", "start_ledger"),
     "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger"),
     "trainer_plugins._goodput_record": ("read_ledger",),

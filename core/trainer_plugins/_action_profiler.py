@@ -7,8 +7,8 @@ each training batch (``run_training_batch``) and epoch (``run_training_epoch``) 
 ``stop(action)``. :class:`ActionProfiler` wraps the trainer's profiler: every call goes on to the
 profiler it wraps (also the module Lightning hands its profiler at set-up, ``_lightning_module``),
 and each action's start and stop also go to a listener. Wrappers nest (each
-keeps the one it wraps in ``inner``): :func:`wrap_innermost` puts one directly around the trainer's
-own profiler, :func:`remove` takes one out of the chain wherever it is.
+keeps the one it wraps in ``inner``): :func:`wrap_innermost_profiler` puts one directly around the trainer's
+own profiler, :func:`remove_profiler` takes one out of the chain wherever it is.
 
 Part of the Lightning adapter (a twin serves ``pytorch_lightning``, see ``trainer_plugins._standalone``).
 """
@@ -101,14 +101,14 @@ class ActionProfiler(Profiler):
         return getattr(self.inner, name)
 
 
-def chain(profiler: Any) -> Iterator[ActionProfiler]:
+def profiler_chain(profiler: Any) -> Iterator[ActionProfiler]:
     """The :class:`ActionProfiler` wrappers of ``profiler``'s chain, outermost first (``profiler`` itself first)."""
     while isinstance(profiler, ActionProfiler):
         yield profiler
         profiler = profiler.inner
 
 
-def wrap_innermost(trainer: Any, make: Callable[[Profiler], ActionProfiler]) -> ActionProfiler:
+def wrap_innermost_profiler(trainer: Any, make: Callable[[Profiler], ActionProfiler]) -> ActionProfiler:
     """Wrap the trainer's own profiler, inside any :class:`ActionProfiler` already there, with ``make(profiler)``.
 
     A listener that hears every action (the compile monitor) then sits directly around Lightning's
@@ -129,7 +129,7 @@ def wrap_innermost(trainer: Any, make: Callable[[Profiler], ActionProfiler]) -> 
     return wrapper
 
 
-def remove(trainer: Any, wrapper: ActionProfiler) -> None:
+def remove_profiler(trainer: Any, wrapper: ActionProfiler) -> None:
     """Take ``wrapper`` out of ``trainer.profiler``'s chain of :class:`ActionProfiler` objects (if it is there).
 
     The wrapper outside it then calls the one inside directly.

@@ -68,7 +68,7 @@ from typing import Any, Optional
 import fsspec
 from lightning.fabric.utilities.rank_zero import rank_zero_module
 
-from trainer_plugins._action_profiler import ActionProfiler, chain, remove
+from trainer_plugins._action_profiler import ActionProfiler, profiler_chain, remove_profiler
 from trainer_plugins._goodput_clock import RANKS, BucketClock, process_start
 from trainer_plugins._goodput_ledger import LedgerFormatError, RunLedger, metrics, resumed, table_lines
 from trainer_plugins._goodput_record import NoLedgerError, StampWriter, read_ledger, record_folder, write_record
@@ -170,9 +170,9 @@ class GoodputLedger:
             _EPOCH: self._epoch_ended,
         }
         self._unwatch()
-        for stale in list(chain(trainer.profiler)):
+        for stale in list(profiler_chain(trainer.profiler)):
             if isinstance(stale, _LedgerProfiler):  # left by an earlier fit of this trainer that had no teardown
-                remove(trainer, stale)
+                remove_profiler(trainer, stale)
         self._profiler = _LedgerProfiler(trainer.profiler, self, frozenset(self._starts) | frozenset(self._stops))
         trainer.profiler = self._profiler
 
@@ -316,7 +316,7 @@ class GoodputLedger:
 
     def _unwatch(self) -> None:
         if self._profiler is not None:
-            remove(self.trainer, self._profiler)
+            remove_profiler(self.trainer, self._profiler)
             self._profiler = None
 
     def _write(self) -> None:

@@ -54,7 +54,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from trainer_plugins._action_profiler import wrap_innermost
+from trainer_plugins import wrap_innermost_profiler
 from xla_plugins import _torch_xla_contract, compile_cache
 from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
@@ -312,7 +312,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         trainer.callbacks.append(monitor)
     monitor.budget = chosen
     monitor._start_run(trainer)
-    wrap_innermost(trainer, lambda inner: PhaseProfiler(inner, monitor))  # inside the goodput ledger's wrapper
+    wrap_innermost_profiler(trainer, lambda inner: PhaseProfiler(inner, monitor))  # inside the goodput ledger's wrapper
     wrap_reads(monitor)
     return monitor
 

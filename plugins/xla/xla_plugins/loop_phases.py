@@ -16,7 +16,7 @@ from typing import Any, Optional, Protocol
 
 from lightning.pytorch.profilers import Profiler
 
-from trainer_plugins._action_profiler import ActionProfiler, chain, remove
+from trainer_plugins import ActionProfiler, profiler_chain, remove_profiler
 from xla_plugins import _torch_xla_contract
 
 #: Hooks that run inside a step: a host read from the user's code in one of them is reported.
@@ -157,7 +157,7 @@ class PhaseBoundaries(Protocol):
 class PhaseProfiler(ActionProfiler):
     """The trainer's profiler, wrapped: every call goes on to ``inner``; action boundaries go to ``monitor``.
 
-    The core's :class:`~trainer_plugins._action_profiler.ActionProfiler`, with the compile monitor as its
+    The core's :class:`~trainer_plugins.ActionProfiler`, with the compile monitor as its
     listener (a class of its own, so that the monitor finds its wrapper again).
 
     Args:
@@ -175,9 +175,9 @@ class PhaseProfiler(ActionProfiler):
     @staticmethod
     def unwrap(trainer: Any) -> None:
         """Take the monitor's wrapper out of ``trainer.profiler``'s chain, wherever another wrapper put it."""
-        for profiler in list(chain(trainer.profiler)):
+        for profiler in list(profiler_chain(trainer.profiler)):
             if isinstance(profiler, PhaseProfiler):
-                remove(trainer, profiler)
+                remove_profiler(trainer, profiler)
 
 
 __all__ = ["FABRIC", "CompileSeconds", "Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]
