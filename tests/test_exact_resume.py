@@ -336,3 +336,12 @@ def test_a_loader_state_written_without_the_plugin_goes_to_the_loader():
     loader = OwnPosition([torch.tensor([i]) for i in range(4)])
     batches, _ = resumed(loader, {"start": 2, "trained": 0})
     assert batches == [[2], [3]]
+
+
+def test_positions_naming_more_loader_states_than_the_checkpoint_holds_are_refused():
+    from xla_plugins.strategies._loader_position import CHECKPOINT_KEY, resumable
+
+    checkpoint = checkpoint_with()
+    checkpoint[CHECKPOINT_KEY] = [{"version": 1, "has_loader_state": True}]
+    with pytest.raises(ValueError, match="more loader states than its combined_loader holds"):
+        resumable(checkpoint)
