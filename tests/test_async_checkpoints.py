@@ -22,8 +22,7 @@ L = pytest.importorskip("lightning")
 import fsspec  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from linear_regression import Regression, data  # noqa: E402
 
 from xla_plugins.checkpoint_io import (  # noqa: E402
     WRITES_VARIABLE,
@@ -32,27 +31,6 @@ from xla_plugins.checkpoint_io import (  # noqa: E402
     default_checkpoint_io,
     is_committed,
 )
-
-
-class Regression(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def data() -> DataLoader:
-    generator = torch.Generator().manual_seed(1)
-    return DataLoader(
-        TensorDataset(torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator)), batch_size=4
-    )
 
 
 def trainer(**flags) -> L.Trainer:

@@ -37,6 +37,7 @@ def test_fresh_interpreter_running_an_unchanged_script_gets_the_xla_plugin_class
     assert json.loads(result.stdout.splitlines()[-1]) == {"tpu": OURS, "xla": OURS}
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_with_autoload_off_lightning_is_untouched_until_install_is_called():
     result = run_python(
         """

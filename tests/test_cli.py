@@ -32,6 +32,7 @@ def test_list_shows_each_plugin_its_distribution_state_and_names():
     assert "accelerator 'tpu' is claimed by lightning" in result.stdout  # the XLA plugin's override, reported
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_explain_gives_the_decisions_as_json():
     result = cli("--json", "explain", "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp")
     assert result.returncode == 0, result.stderr
@@ -45,6 +46,7 @@ def test_explain_gives_the_decisions_as_json():
     }
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_explain_reports_rejected_flags_with_exit_status_1():
     result = cli("explain", "--accelerator", "cpu", "--strategy", "warp_drive")
     assert result.returncode == 1
@@ -168,6 +170,7 @@ def test_list_ends_with_a_legend_of_every_state_and_mark_word():
                 assert mark.strip("(, ") in MARK_LEGEND
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 @pytest.mark.parametrize("args", [["doctor"], ["explain", "--accelerator", "cpu", "--devices", "1"]])
 def test_doctor_and_explain_report_their_time_and_import_no_backend_they_do_not_need(args):
     # Blocking the XLA plugin leaves only Lightning to answer: nothing may import torch_xla then

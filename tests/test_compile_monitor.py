@@ -94,6 +94,7 @@ def test_a_last_partial_validation_batch_gives_one_report_naming_validation_step
     assert "drop_last=True" in report
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_clean_model_gives_no_report_and_the_summary_equals_torch_xlas_counter_deltas(tmp_path):
     outcome = fit(tmp_path, "none")
     assert outcome["error"] is None

@@ -82,6 +82,7 @@ def test_devices_table(n):
     assert rows["'abc'"] == ["ValueError", f"{choices} 'abc'. {source}"]
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_with_one_device_each_choice_is_listed_once_with_the_source_of_the_count():
     result = run_python(
         """
@@ -112,6 +113,7 @@ def _runtime_reason(pjrt_device: str) -> str:
     return f"RuntimeError: No PjRtPlugin registered for: {pjrt_device}"
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 @pytest.mark.parametrize("pjrt_device", ["TPU", "NPU9000"])
 def test_an_unusable_pjrt_device_is_named_with_how_to_choose_another(pjrt_device):
     result = run_python(
@@ -205,6 +207,7 @@ def test_doctor_names_torch_tpu_and_a_shadowing_torchax_with_their_fixes(monkeyp
     assert _doctor.describe()["environment problem 1"] == torch_tpu
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_the_single_device_strategy_with_several_devices_is_an_error_naming_both_flags():
     result = run_python(
         """
@@ -222,6 +225,7 @@ def test_the_single_device_strategy_with_several_devices_is_an_error_naming_both
     )
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_messages_a_newcomer_reads_name_the_real_choice_and_appear_once():
     """With PJRT_DEVICE unset: the devices error says torch_xla chose the device, `strategy="fsdp"` on XLA
     names xla_fsdp_v2, and `explain` after a fit does not log the start-up line a second time."""

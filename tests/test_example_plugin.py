@@ -110,6 +110,7 @@ def test_lightning_cli_selects_the_example_strategy_by_name(tmp_path):
     check_two_replicas(run(tmp_path, "cli", *args), epochs=1)
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_the_example_strategy_is_not_declared_distributed_so_its_own_answer_counts():
     L = pytest.importorskip("lightning")
     single = L.Trainer(accelerator="cpu", devices=1, strategy="local_sgd", logger=False)._accelerator_connector

@@ -128,6 +128,7 @@ def test_fabric_is_attached_automatically():
     assert type(L.Fabric(accelerator="tpu", devices=1)._connector).__name__ == "FabricConnector"
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_fabric_run_without_launch_still_computes_float32_in_float32():
     """No legacy XLA_USE_BF16 reaches torch_xla, also when Fabric skips launch() on one device."""
     from conftest import run_python

@@ -59,6 +59,7 @@ def test_item_between_forward_and_optimizer_step_gives_one_report_naming_the_lin
     assert outcome["stderr"].count("XLA compile monitor (fabric): ") == 1  # not again at exit
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_reads_in_an_evaluation_loop_under_no_grad_are_counted_not_reported():
     outcome = loop("eval-item")
     assert outcome["error"] is None and outcome["reports"] == [] and outcome["warnings"] == []

@@ -207,6 +207,7 @@ def test_the_ledger_adds_up_across_a_sigterm_stop_and_the_resume(tmp_path):
     assert entries[-1]["metrics"]["goodput/attempts"] == 2 and entries[-1]["metrics"]["goodput/wall_s"] > first.wall_s
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_xla_plugins_goodput_off_keeps_no_ledger(tmp_path):
     root = tmp_path / "run"
     result = run_fit(root, XLA_PLUGINS_GOODPUT="off")

@@ -152,6 +152,7 @@ def test_the_example_trains_on_single_xla_through_the_plain_trainer(example_run)
     assert sample.startswith("def ")
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 @pytest.mark.xla
 def test_the_output_layer_is_still_tied_after_fit(example_run):
     assert example_run.stdout.rstrip("\n").splitlines()[-1].endswith("tied=True")

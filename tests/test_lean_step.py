@@ -140,6 +140,7 @@ def test_the_plugin_adds_a_handful_of_python_calls_a_step_to_lightnings_own_xla_
     assert plugin["python_calls"] - lightning["python_calls"] <= 20, (plugin["python_calls"], lightning["python_calls"])
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_the_compile_monitor_adds_no_device_work_and_two_python_calls_per_hook_call(per_step, per_step_monitored):
     unwatched, watched = per_step["plugin"], per_step_monitored["plugin"]
     # the same graph, syncs, compilations and transfers: the monitor reads counters, never the device
@@ -157,6 +158,7 @@ def test_the_compile_monitor_adds_no_device_work_and_two_python_calls_per_hook_c
     )
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_the_goodput_ledger_adds_no_device_work_and_a_python_call_per_hook_boundary(per_step, per_step_with_ledger):
     unwatched, watched = per_step["plugin"], per_step_with_ledger["plugin"]
     for name in ("graph_nodes", "syncs", "graphs_executed", "transfers_to_device", "device_data_handles"):
@@ -175,6 +177,7 @@ def test_the_goodput_ledger_adds_no_device_work_and_a_python_call_per_hook_bound
     )
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_with_the_compile_monitor_the_ledgers_wrapper_stays_outside_and_costs_one_call_a_boundary(
     per_step_monitored, per_step_with_both
 ):

@@ -57,6 +57,7 @@ def test_an_invalid_strategy_name_keeps_lightnings_message_and_appends_the_plugi
     assert not {"xla", "single_xla", "ddp"} & set(names)  # Lightning's own names are not repeated
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_rejecting_a_name_imports_no_backend_and_leaves_no_environment_variable():
     result = run_python(
         """
@@ -85,6 +86,7 @@ def test_rejecting_a_name_imports_no_backend_and_leaves_no_environment_variable(
     }
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 @pytest.mark.xla
 def test_a_stubbed_torch_xla_makes_the_xla_plugin_not_available_without_error_or_quarantine():
     """A ``torch_xla`` stand-in without ``__spec__`` (as suites faking a TPU install) means "not available"."""

@@ -44,6 +44,7 @@ def test_a_renamed_private_method_is_reported(monkeypatch):
     ]
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_lightning_outside_the_tested_range_warns_once_is_left_alone_and_refuses_plugin_names():
     result = run_python(
         """

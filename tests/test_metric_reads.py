@@ -84,6 +84,7 @@ def test_default_fit_compiles_nothing_after_the_first_epoch_and_reads_at_the_pol
     assert any(tmp_path.rglob("*.ckpt")), "the default ModelCheckpoint wrote no checkpoint"
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_users_own_progress_bar_and_logger_get_every_value_at_epoch_end_with_clipping_and_accumulation(tmp_path):
     report = fit(tmp_path, "single_xla", "--own-callbacks", "--clip-accumulate")
     check_counts(report)

@@ -70,6 +70,7 @@ def test_autoload_off_switch_leaves_the_interpreter_untouched():
     assert found == {"hook_armed": False, "imported": []}
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_an_unreadable_autoload_value_is_reported_once_when_lightning_is_imported_and_leaves_autoload_off():
     notice = (
         "trainer-plugins: TRAINER_PLUGINS_AUTOLOAD='maybe' is not understood; use 1/true/yes/on or 0/false/no/off;"
@@ -178,6 +179,7 @@ def test_versions_outside_a_declared_range_are_named_with_the_range(monkeypatch)
     ]
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_reloaded_start_up_module_does_not_arm_a_second_hook():
     result = run_python(
         """

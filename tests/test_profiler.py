@@ -53,6 +53,7 @@ print(json.dumps({f"{s} {str(p).lower()}": fit(s, d, p) for s, d in STRATEGIES f
         pytest.param([("xla_spmd", 4), ("xla_fsdp_v2", 4)], id="spmd", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_xla_profiler_with_manual_optimization_trains_to_the_weights_of_the_plain_run(strategies):
     result = run_python(
         f"STRATEGIES = {strategies!r}\n" + SCRIPT, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=600

@@ -122,6 +122,7 @@ def test_a_pallas_kernel_module_imported_during_a_bf16_run_sees_no_xla_use_bf16(
     assert "kernel flag: False child: None torch.bfloat16" in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_users_own_precision_variables_are_left_as_found_with_one_warning_each():
     """A user's XLA_USE_BF16 / XLA_DOWNCAST_BF16 change a '32-true' run's math: warned once, never deleted."""
     result = run_python(

@@ -168,6 +168,7 @@ def test_device_stats_report_memory_in_mib_from_torch_xla_memory_info():
     }
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_backward_pass_before_the_xla_runtime_started_gives_a_clear_error():
     from conftest import run_python
 

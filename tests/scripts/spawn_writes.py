@@ -30,8 +30,8 @@ xla_cpu_harness.install()
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from linear_regression import Regression, data  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO  # noqa: E402
 
@@ -96,27 +96,6 @@ class Watch(L.Callback):
             EVENTS.append(("fit ends", "epoch=-"))
 
 
-class Regression(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def data() -> DataLoader:
-    generator = torch.Generator().manual_seed(1)
-    return DataLoader(
-        TensorDataset(torch.randn(128, 4, generator=generator), torch.randn(128, 1, generator=generator)), batch_size=4
-    )
-
-
 def trainer_part(out: str, devices: int) -> dict:
     directory = os.path.join(out, "trainer")
     trainer = L.Trainer(
@@ -134,7 +113,7 @@ def trainer_part(out: str, devices: int) -> dict:
     )
     default = L.Trainer(accelerator="xla", strategy="xla", devices=devices, logger=False, default_root_dir=out)
     default_io = default.strategy.checkpoint_io
-    trainer.fit(Regression(), data())
+    trainer.fit(Regression(), data(128))
     with open(os.path.join(out, "trainer-worker.json")) as file:
         worker = json.load(file)
     return {
