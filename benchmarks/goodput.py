@@ -11,8 +11,11 @@ the run is a fresh interpreter. Three arms, interleaved over ``--rounds`` rounds
   (the same points in every round), the plugin writes its stop checkpoint, and each next process
   resumes with ``fit(ckpt_path="last")``: four processes;
 * ``3 kills (SIGKILL)``: at the same points the process is killed with SIGKILL instead, with
-  ``ModelCheckpoint(every_n_train_steps=--every)``; each next process resumes from the last
-  periodic checkpoint and trains the steps after it again (lost work).
+  ``ModelCheckpoint(every_n_train_steps=--every, save_last=True)``; each next process resumes from
+  the last periodic checkpoint and trains the steps after it again (lost work).
+
+Every arm's ``ModelCheckpoint`` writes to one fixed folder of the run directory; an arm whose
+ledger does not hold one attempt per process (a resume that found no checkpoint) is an error.
 
 Each arm's figures are the run's ledger (``<run directory>/goodput/ledger.json``) after its last
 process; the ratio of an interrupted arm's goodput to the uninterrupted one's is taken within a
@@ -64,7 +67,12 @@ def child(root: str, steps: int, width: int, stop_at: int, stop_signal: str, eve
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64 * 32, 64), torch.randint(0, 10, (64 * 32,)))
-    checkpoint = ModelCheckpoint(every_n_train_steps=every, save_last=True) if every else ModelCheckpoint()
+    # a fixed dirpath: after a SIGKILL there is no stop checkpoint, and "last" finds the periodic last.ckpt
+    # only in ModelCheckpoint's own folder (with the default logger's, new on every process, it would not)
+    folder = os.path.join(root, "checkpoints")
+    checkpoint = (
+        ModelCheckpoint(folder, every_n_train_steps=every, save_last=True) if every else ModelCheckpoint(folder)
+    )
     trainer = L.Trainer(
         accelerator="xla",
         devices=1,
@@ -101,6 +109,11 @@ def measure(arm: str, args: argparse.Namespace) -> dict:
             tail = result.stderr.strip().splitlines()[-1:] or [f"exit {result.returncode}"]
             return {"error": f"process {index + 1}: exit {result.returncode}: {tail[0]}"}
     ledger = read_ledger(root)
+    if len(ledger.attempts) != len(stops) + 1:
+        return {
+            "error": f"the ledger holds {len(ledger.attempts)} attempts for {len(stops) + 1} processes: a resume"
+            " did not find its checkpoint"
+        }
     totals = ledger.totals()
     return {
         "goodput": ledger.goodput(),
