@@ -35,6 +35,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_compiled_modules_train_on_single_xla_with_the_same_values_and_are_refused_where_they_cannot():
     runs = json.loads(
         run_python(SCRIPT, env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}, timeout=600).stdout.splitlines()[-1]

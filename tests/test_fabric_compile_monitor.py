@@ -46,6 +46,7 @@ def the_one_report(outcome: dict) -> str:
     return outcome["reports"][0]
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_item_between_forward_and_optimizer_step_gives_one_report_naming_the_line():
     outcome = loop("item")
     report = the_one_report(outcome)

@@ -158,6 +158,7 @@ def test_the_output_layer_is_still_tied_after_fit(example_run):
     assert example_run.stdout.rstrip("\n").splitlines()[-1].endswith("tied=True")
 
 
+@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 @pytest.mark.xla
 def test_the_example_gives_no_compile_monitor_report_and_ends_with_its_summary(example_run):
     output = example_run.stdout + example_run.stderr

@@ -46,7 +46,6 @@ def faults() -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
 def test_a_worker_ending_with_an_exit_code_is_reported_with_its_ranks_and_code(faults):
     report = faults["exits"]
     assert report["type"] == "WorkerDiedError"
@@ -54,7 +53,6 @@ def test_a_worker_ending_with_an_exit_code_is_reported_with_its_ranks_and_code(f
     assert "running the replicas of ranks 0, 1, 2, 3 exited with code 3 without reporting" in report["message"]
 
 
-@pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
 def test_a_worker_killed_by_a_signal_is_reported_with_its_ranks_and_the_signal(faults):
     report = faults["is_killed"]
     assert report["type"] == "WorkerDiedError"
