@@ -277,7 +277,8 @@ import io, os, sys, threading
 import torch, lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
-from test_async_checkpoints import Regression, data, trainer
+from linear_regression import Regression, data
+from test_async_checkpoints import trainer
 
 
 class HaltsInTheSecondWrite(AtomicXLACheckpointIO):
