@@ -21,13 +21,34 @@ PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xla: needs torch_xla (deselected in the core-only environment)")
-    if HAS_TORCH_XLA:
+    distributing = getattr(config.option, "dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ
+    if HAS_TORCH_XLA and not distributing:  # pytest-xdist's controller runs no test: it needs no runtime
         # torch sizes its autograd engine on a process's first backward pass: the XLA runtime must be
         # up by then for later XLA tests (test_xla_strategies checks the error otherwise).
         import torch
         import torch_xla
 
         torch.zeros(1, device=torch_xla.device())
+
+
+#: What Lightning and the plugins write under the default ``default_root_dir``, the working directory.
+RUN_OUTPUTS = ("lightning_logs", "checkpoints", "goodput")
+CLONE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_outputs_before = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_outputs_before] = {name for name in RUN_OUTPUTS if os.path.exists(os.path.join(CLONE, name))}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a test wrote run outputs into the clone (tests run in directories of their own)."""
+    left = {name for name in RUN_OUTPUTS if os.path.exists(os.path.join(CLONE, name))}
+    left -= session.config.stash.get(_outputs_before, set())
+    if left and "PYTEST_XDIST_WORKER" not in os.environ:
+        session.config.get_terminal_writer().line()
+        session.config.get_terminal_writer().line(f"tests left {sorted(left)} in the clone {CLONE}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,6 +58,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xla") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_working_directory(tmp_path_factory):
+    """The working directory of module- and session-scoped fixtures: an empty one, never the clone."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(_session_working_directory, tmp_path_factory, monkeypatch):
+    """Every test runs in an empty working directory of its own.
+
+    What Lightning writes under its default ``default_root_dir`` (the working directory:
+    ``lightning_logs/``, ``checkpoints/``, ``goodput/``) then never lands in the clone, and tests that run
+    at the same time (pytest-xdist workers, tox.ini) never read each other's files.
+    """
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture(autouse=True)
