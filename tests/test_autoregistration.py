@@ -32,6 +32,7 @@ OURS = [
 ]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_fresh_interpreter_running_an_unchanged_script_gets_the_xla_plugin_classes():
     result = run_python(UNCHANGED_SCRIPT, env={"TRAINER_PLUGINS_AUTOLOAD": None})
     assert json.loads(result.stdout.splitlines()[-1]) == {"tpu": OURS, "xla": OURS}

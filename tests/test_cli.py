@@ -53,6 +53,7 @@ def test_explain_reports_rejected_flags_with_exit_status_1():
     assert "error: ValueError: You selected an invalid strategy name: `strategy='warp_drive'`" in result.stderr
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.skipif(not HAS_TORCH_XLA, reason="describes the XLA runtime")
 def test_doctor_describes_the_xla_runtime():
     result = cli("--json", "doctor", env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"})

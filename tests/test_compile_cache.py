@@ -56,6 +56,7 @@ def fit(tmp_path: Path, folder: Path, **env: str) -> tuple[dict, str]:
     return json.loads(result.stdout.splitlines()[-1]), result.stderr
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_on_pjrt_cpu_the_cache_is_not_turned_on_and_one_warning_says_why(tmp_path):
     outcome, _ = fit(tmp_path, tmp_path / "cache")
     assert outcome["folder"] is None and outcome["summary_cache"] is None

@@ -59,6 +59,7 @@ def test_padding_each_batch_to_its_longest_sequence_gives_one_report_of_new_shap
     assert "1 compilation(s)" in report
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_item_in_training_step_gives_one_report_naming_the_line(tmp_path):
     report = the_one_report(fit(tmp_path, "item"))
     assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")

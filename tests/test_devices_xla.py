@@ -42,6 +42,7 @@ def table(n: int) -> dict[str, list]:
     return {row[0]: row[1:] for row in json.loads(result.stdout.splitlines()[-1])}
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("n", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_devices_table(n):
     rows = table(n)

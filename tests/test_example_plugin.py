@@ -85,6 +85,7 @@ def check_two_replicas(found: dict, epochs: int) -> None:
     assert found["ends"][0]["weights"] == found["ends"][1]["weights"]  # averaged at the end of fit
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_plain_trainer_trains_with_the_example_strategy_by_name(tmp_path):
     check_two_replicas(run(tmp_path, "trainer"), epochs=2)
 

@@ -41,6 +41,7 @@ def fabric_run(strategy: str, devices: int, precision: str, out: Path) -> list[d
     return sorted((json.loads(path.read_text()) for path in out.glob("rank*.json")), key=lambda r: r["rank"])
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize(
     ("strategy", "devices", "precision", "expected_class", "world_size", "dtype"),
     [

@@ -82,6 +82,7 @@ def sleepy_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return root, run_fit(root, EVERY_N="3", **SLEEPS)
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_buckets_add_up_to_the_wall_time_and_each_holds_the_sleeps_of_its_place(sleepy_run):
     root, result = sleepy_run
     printed = report(result)
@@ -108,6 +109,7 @@ def test_the_buckets_add_up_to_the_wall_time_and_each_holds_the_sleeps_of_its_pl
     assert printed["before_fit"] <= attempt.started_at + attempt.wall_s <= printed["after_fit"] + START_RESOLUTION_S
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_logger_receives_the_run_figures_at_each_epoch_end(sleepy_run):
     root, _ = sleepy_run
     ledger = read_ledger(root)
@@ -124,6 +126,7 @@ def test_the_logger_receives_the_run_figures_at_each_epoch_end(sleepy_run):
     assert entries[0]["metrics"]["goodput/wall_s"] < entries[1]["metrics"]["goodput/wall_s"] <= ledger.totals()["wall"]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_table_is_printed_once_when_fit_ends_with_the_records_figures(sleepy_run):
     root, result = sleepy_run
     ledger = read_ledger(root)
@@ -139,6 +142,7 @@ def test_the_table_is_printed_once_when_fit_ends_with_the_records_figures(sleepy
     assert table[-1].split()[:3] == ["lost", "(steps", "redone)"]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_cli_prints_the_ledger_of_a_run_directory_as_text_and_json(sleepy_run):
     root, _ = sleepy_run
     ledger = read_ledger(root)

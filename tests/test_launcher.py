@@ -46,6 +46,7 @@ def faults() -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_worker_ending_with_an_exit_code_is_reported_with_its_ranks_and_code(faults):
     report = faults["exits"]
     assert report["type"] == "WorkerDiedError"
@@ -53,6 +54,7 @@ def test_a_worker_ending_with_an_exit_code_is_reported_with_its_ranks_and_code(f
     assert "running the replicas of ranks 0, 1, 2, 3 exited with code 3 without reporting" in report["message"]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_worker_killed_by_a_signal_is_reported_with_its_ranks_and_the_signal(faults):
     report = faults["is_killed"]
     assert report["type"] == "WorkerDiedError"
@@ -60,6 +62,7 @@ def test_a_worker_killed_by_a_signal_is_reported_with_its_ranks_and_the_signal(f
     assert "running the replicas of ranks 0, 1, 2, 3 was killed by signal SIGKILL" in report["message"]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_hung_replica_is_reported_with_its_rank_and_where_it_is_stuck(faults):
     report = faults["hangs"]
     assert (report["type"], report["rank"]) == ("ReplicaHangError", 1)
@@ -74,6 +77,7 @@ def test_a_hung_replica_is_reported_with_its_rank_and_where_it_is_stuck(faults):
     assert report["cause"].count("in rendezvous") == 3
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_replica_that_keeps_making_progress_is_not_reported_however_long_it_runs(faults):
     # 12 s of barriers one second apart, under a 10 s timeout: the watch measures time since progress
     report = faults["slow_but_moving"]

@@ -59,6 +59,7 @@ def per_step_with_both() -> dict:
     return step_counts("plugin", "warn", goodput="on")
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
     raw, plugin = per_step["raw"], per_step["plugin"]
     assert raw["steps_counted"] == plugin["steps_counted"] == 64
@@ -126,6 +127,7 @@ def test_the_xla_accelerator_installs_the_result_class_on_its_trainer_only():
     assert cpu_trainer.fit_loop.epoch_loop.automatic_optimization.output_result_cls is ClosureResult
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_plugin_adds_a_handful_of_python_calls_a_step_to_lightnings_own_xla_loop(per_step):
     plugin, lightning = per_step["plugin"], per_step["lightning"]
     # Lightning's own XLA classes trace the division of the loss by one (4 graph nodes) ...

@@ -67,6 +67,7 @@ def check_exact(shown: dict, exact: dict) -> None:
         assert shown[name] == pytest.approx(value, rel=1e-5), name
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize(
     ("strategy", "devices"),
     [("single_xla", 1), pytest.param("xla_spmd", 2, marks=pytest.mark.slow)],

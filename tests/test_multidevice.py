@@ -68,6 +68,7 @@ def of_kind(rows: list[dict], kind: str) -> list[dict]:
     return [row for row in rows if row["kind"] == kind]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_spawn_strategy_end_to_end(devices, tmp_path):
     summary, ranks, later = run_scenario("xla", devices, tmp_path)
@@ -127,6 +128,7 @@ def test_spawn_strategy_end_to_end(devices, tmp_path):
     assert cpu_steps[0] == 2 * steps_per_epoch  # a CPU-only Trainer resumes from the XLA checkpoint
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_spmd_strategy_end_to_end(devices, tmp_path):
     summary, devices_rows, later = run_scenario("xla_spmd", devices, tmp_path)

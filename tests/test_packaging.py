@@ -200,6 +200,7 @@ def test_a_reloaded_start_up_module_does_not_arm_a_second_hook():
 OUR_MODULES = ("trainer_plugins", "_trainer_plugins_autoload", "xla_plugins", "localsgd_plugin")
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_autoload_off_a_fit_imports_runs_and_prints_nothing_of_ours(tmp_path):
     """TRAINER_PLUGINS_AUTOLOAD=0: no module of ours is imported, no line of ours written, no checkpoint record."""
     result = run_python(

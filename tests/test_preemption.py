@@ -167,6 +167,7 @@ def assert_stopped_with_a_checkpoint(
     return checkpoint
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_and_exits_143(tmp_path):
     root = tmp_path / "run"
     result = run_script(root, STOP_AT=str(STOP_AT))

@@ -46,6 +46,7 @@ def report(strategy: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dic
     return _reports[strategy]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sync_dist_logs_every_reduction_lightning_supports(strategy, tmp_path_factory):
     """Values 0..15 in two validation batches of 8: one device and DDP log mean 7.5, sum 120, max 15, min 0."""
@@ -53,6 +54,7 @@ def test_sync_dist_logs_every_reduction_lightning_supports(strategy, tmp_path_fa
     assert logged == {"mean": 7.5, "sum": 120.0, "max": 15.0, "min": 0.0}
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_strategy_reduce_and_all_gather_give_what_ddp_gives(strategy, tmp_path_factory):
     """Each replica reduces and gathers its global rank: over 4 replicas mean 1.5, sum 6, max 3, min 0.
@@ -70,6 +72,7 @@ def test_strategy_reduce_and_all_gather_give_what_ddp_gives(strategy, tmp_path_f
     assert found["fabric"]["reduced"] == expected["reduced"]  # fabric.all_reduce, rank 0's answer
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 def test_seed_everything_governs_dropout_on_the_device(strategy, api, tmp_path_factory):
@@ -84,6 +87,7 @@ def test_seed_everything_governs_dropout_on_the_device(strategy, api, tmp_path_f
     assert seeds["1"] != seeds["2"]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_fabric_set_up_path_trains_or_fails_loudly(strategy, tmp_path_factory):
     paths = {

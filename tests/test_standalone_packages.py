@@ -75,6 +75,7 @@ def report(tmp_path_factory):
 TWIN = "trainer_plugins._standalone.xla_plugins."
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_pytorch_lightning_trainer_tpu_fits_on_pjrt_cpu_with_the_xla_plugin(report):
     assert report["pl"]["roles"] == {
         "accelerator": TWIN + "accelerator.XLAAccelerator",
@@ -85,10 +86,12 @@ def test_pytorch_lightning_trainer_tpu_fits_on_pjrt_cpu_with_the_xla_plugin(repo
     assert report["pl"]["steps"] == 2
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_the_classes_handed_to_pytorch_lightning_are_instances_of_its_own_base_classes(report):
     assert report["pl"]["bases"] == [True, True, True, True]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_pytorch_lightning_checkpoint_carries_the_plugin_record(report):
     assert report["pl"]["record"] == [
         "accelerator",
@@ -100,6 +103,7 @@ def test_a_pytorch_lightning_checkpoint_carries_the_plugin_record(report):
     ]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_lightning_fabric_fabric_gets_the_xla_plugin(report):
     assert report["fabric"] == {
         "strategy": True,
@@ -108,6 +112,7 @@ def test_lightning_fabric_fabric_gets_the_xla_plugin(report):
     }
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_both_packages_in_one_process_each_get_classes_of_their_own(report):
     assert report["both"]["unified"] == {
         "accelerator": "xla_plugins.accelerator.XLAAccelerator",
@@ -120,11 +125,13 @@ def test_both_packages_in_one_process_each_get_classes_of_their_own(report):
     assert report["both"]["pl_cpu"] == "pytorch_lightning.strategies.single_device"
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_one_implementation_serves_both_packages(report):
     """The pytorch_lightning classes run the plugin's one source file, built on the other package's bases."""
     assert report["one_source"] == [True, True]
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_pytorch_lightning_cli_selects_the_xla_plugin(tmp_path):
     result = run_python(
         f"""

@@ -77,6 +77,7 @@ def largest_difference(run: dict, reference: dict) -> float:
     )
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_model_keeps_one_parameter_for_the_tie_after_every_run(strategy, api, reports):
@@ -87,6 +88,7 @@ def test_the_model_keeps_one_parameter_for_the_tie_after_every_run(strategy, api
     )
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_consecutive_runs_equal_the_same_runs_on_plain_lightning_on_cpu(strategy, api, reports):
@@ -98,6 +100,7 @@ def test_two_consecutive_runs_equal_the_same_runs_on_plain_lightning_on_cpu(stra
     assert largest_difference(second, first) > 100 * ATOL  # the second run trained
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_tie_survives_resuming_from_a_checkpoint(strategy, reports):
     """``fit(ckpt_path=...)`` of a fresh model from the first run's checkpoint, as on the CPU from the same file."""
@@ -107,6 +110,7 @@ def test_the_tie_survives_resuming_from_a_checkpoint(strategy, reports):
     assert largest_difference(resumed, cpu_resumed) <= ATOL
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_fabric_optimizer_holds_the_tied_parameter_once_and_only_the_models_parameters(strategy, reports):
     """Fabric re-points an optimizer built on the CPU parameters (``setup_module`` then ``setup_optimizers``,

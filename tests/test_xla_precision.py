@@ -87,6 +87,7 @@ def test_fit_runs_in_the_requested_dtype_without_setting_a_precision_variable(pr
         }
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_a_pallas_kernel_module_imported_during_a_bf16_run_sees_no_xla_use_bf16():
     """torch_xla's Pallas kernels raise "Pallas kernel does not support XLA_USE_BF16" when it was set at import."""
     result = run_python(
