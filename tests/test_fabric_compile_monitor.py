@@ -121,3 +121,24 @@ def test_the_report_text_is_the_same_on_single_xla_xla_spmd_and_xla_fsdp_v2(trig
     }
     assert reports["xla_spmd"] == reports["single_xla"]
     assert reports["xla_fsdp_v2"] == reports["single_xla"]
+
+
+@pytest.mark.slow  # 2 replica threads through tests/xla_cpu_harness.py: primary tox cell only (tox.ini)
+def test_each_replica_of_the_spawn_strategy_gives_one_report_and_global_rank_0_prints_the_summary(tmp_path):
+    """``strategy="xla"``: every replica runs the loop with ``.item()`` in its steps and watches its own reads.
+
+    The replicas are threads of one process here, so what each caught with ``warnings.catch_warnings``
+    (process-wide state, not thread-safe) is not compared; the monitors' own reports are.
+    """
+    from xla_cpu_harness import required_environment
+
+    process = loop("item", "--strategy", "xla", "--out", str(tmp_path), devices=2, **required_environment(2))
+    replicas = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [replica["rank"] for replica in replicas] == [0, 1]
+    for replica in replicas:
+        assert replica["error"] is None, replica["error"]
+        (report,) = replica["reports"]
+        assert report.startswith(f"{MONITOR} host read in the training step (call 3, after the warm-up of 2).")
+        assert f"{SCRIPT}:" in report and "loss.item() > 100" in report
+        assert replica["summary"]["steps"] == 24 and replica["summary"]["host_reads_in_steps"] == 24
+    assert process["stderr"].count("XLA compile monitor (fabric): ") == 1  # global rank 0's summary, once

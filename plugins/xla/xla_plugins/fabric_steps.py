@@ -33,8 +33,9 @@ import threading
 import weakref
 from typing import Any, Optional
 
+import lightning_utilities.core.rank_zero as rank_zero_module
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_info
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from xla_plugins import compile_cache
 from xla_plugins.compile_monitor import CompileMonitor
@@ -106,7 +107,9 @@ class FabricCompileMonitor(CompileMonitor):
         """Count the rest and return the summary (:attr:`summary`); the first call prints it on global rank 0
         (unless nothing ran: no step, no compilation).
 
-        Also called at the process's exit. The read methods of ``torch.Tensor`` are given back.
+        Also called at the process's exit. Reads in this thread stop going through the monitor; the read
+        methods of ``torch.Tensor`` are given back once no thread has a monitor
+        (:func:`~xla_plugins.host_reads.unwrap_reads`).
         """
         self._flush()
         self.summary = self._summarize("fabric")
@@ -115,9 +118,12 @@ class FabricCompileMonitor(CompileMonitor):
             unwrap_reads()
             strategy = self._strategy()
             counted = self.summary["steps"] or self.summary["compilations"]
-            if counted and (strategy is None or strategy.is_global_zero):
+            global_zero = strategy.is_global_zero if strategy is not None else rank_zero_only.rank == 0
+            if counted and global_zero:
+                # the strategy's own rank decides: replicas that are threads of one process share
+                # Lightning's rank_zero_only.rank, which holds whichever replica set it last
                 for line in summary_lines(self.summary):
-                    rank_zero_info(line)
+                    rank_zero_module.log.info(line)  # where rank_zero_info writes (Lightning sets the logger)
             compile_cache.warn_if_unreadable()
         return self.summary
 

@@ -4,7 +4,9 @@ Each host read inside a step (``.item()``, ``print(tensor)``, ``if tensor:``) cu
 and waits for the device. While a run is monitored, the ``torch.Tensor`` methods that read an XLA
 tensor to the host (:data:`READ_METHODS`) are wrapped (:func:`wrap_reads`); the wrapper costs one
 device check per call of those methods (never on other tensor operations) and passes each read of
-an XLA tensor to the reader (the compile monitor, :mod:`xla_plugins.compile_monitor`). For a late
+an XLA tensor to the reader of the thread that reads (the compile monitor,
+:mod:`xla_plugins.compile_monitor`): replicas that run as threads of one process (torch_xla's
+``xmp.spawn`` with several devices a process, as on PJRT CPU) each see their own reads. For a late
 read, :func:`user_line` walks the Python stack to the first frame outside torch, torch_xla, this
 mechanism and the standard library; a read from Lightning's or this plugin's own code has none.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import linecache
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, Optional, Protocol
 
@@ -61,39 +64,58 @@ class Reader(Protocol):
 
 #: method name -> torch's own method, while reads are wrapped
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
-_ACTIVE: list[Reader] = []
+#: ``.reader``: the reader of the thread, set by :func:`wrap_reads`
+_LOCAL = threading.local()
+#: every thread's reader; the methods are given back when the last one is unwrapped
+_READERS: list[Reader] = []
+_LOCK = threading.Lock()
 
 
 def wrap_reads(reader: Reader) -> None:
-    """Route :data:`READ_METHODS` of XLA tensors through ``reader.read`` (idempotent)."""
-    _ACTIVE[:] = [reader]
-    for name in READ_METHODS:
-        if name in _ORIGINALS:
-            continue
-        original = getattr(torch.Tensor, name)
-        _ORIGINALS[name] = original
-        wrapper = _read_wrapper(name, original)
-        setattr(torch.Tensor, name, wrapper)
+    """Route :data:`READ_METHODS` of XLA tensors read in this thread through ``reader.read``.
+
+    Idempotent; a reader this thread had before is replaced. Reads in other threads go to their own
+    readers, or straight to torch where a thread has none.
+    """
+    with _LOCK:
+        previous = getattr(_LOCAL, "reader", None)
+        if previous is not None and previous in _READERS:
+            _READERS.remove(previous)
+        _LOCAL.reader = reader
+        _READERS.append(reader)
+        for name in READ_METHODS:
+            if name in _ORIGINALS:
+                continue
+            original = getattr(torch.Tensor, name)
+            _ORIGINALS[name] = original
+            setattr(torch.Tensor, name, _read_wrapper(name, original))
 
 
 def _read_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original`` (a ``torch.Tensor`` method) going through the active reader for XLA tensors."""
+    """``original`` (a ``torch.Tensor`` method) going through the reading thread's reader for XLA tensors."""
 
     def wrapper(self: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not _ACTIVE or _ACTIVE[0]._reading or self.device.type != "xla":
+        reader = getattr(_LOCAL, "reader", None)
+        if reader is None or reader._reading or self.device.type != "xla":
             return original(self, *args, **kwargs)
-        return _ACTIVE[0].read(name, original, self, args, kwargs)
+        return reader.read(name, original, self, args, kwargs)
 
     wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = name, f"Tensor.{name}", original.__doc__
     return wrapper
 
 
 def unwrap_reads() -> None:
-    """Give ``torch.Tensor`` its own read methods back."""
-    _ACTIVE.clear()
-    for name, original in _ORIGINALS.items():
-        setattr(torch.Tensor, name, original)
-    _ORIGINALS.clear()
+    """Stop routing this thread's reads; give ``torch.Tensor`` its own read methods back if no thread has a reader."""
+    with _LOCK:
+        reader = getattr(_LOCAL, "reader", None)
+        _LOCAL.reader = None
+        if reader is not None and reader in _READERS:
+            _READERS.remove(reader)
+        if _READERS:
+            return
+        for name, original in _ORIGINALS.items():
+            setattr(torch.Tensor, name, original)
+        _ORIGINALS.clear()
 
 
 def _module_of(frame: Any) -> str:
