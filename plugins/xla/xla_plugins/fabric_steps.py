@@ -118,7 +118,7 @@ class FabricCompileMonitor(CompileMonitor):
             unwrap_reads()
             strategy = self._strategy()
             counted = self.summary["steps"] or self.summary["compilations"]
-            global_zero = strategy.is_global_zero if strategy is not None else rank_zero_only.rank == 0
+            global_zero = strategy.is_global_zero if strategy is not None else getattr(rank_zero_only, "rank", 0) == 0
             if counted and global_zero:
                 # the strategy's own rank decides: replicas that are threads of one process share
                 # Lightning's rank_zero_only.rank, which holds whichever replica set it last
