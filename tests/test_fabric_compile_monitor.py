@@ -135,6 +135,7 @@ def test_each_replica_of_the_spawn_strategy_gives_one_report_and_global_rank_0_p
     process = loop("item", "--strategy", "xla", "--out", str(tmp_path), devices=2, **required_environment(2))
     replicas = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [replica["rank"] for replica in replicas] == [0, 1]
+    assert {key: process[key] for key in replicas[0]} == replicas[0]  # fabric.launch returned rank 0's outcome
     for replica in replicas:
         assert replica["error"] is None, replica["error"]
         (report,) = replica["reports"]

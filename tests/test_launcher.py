@@ -84,6 +84,12 @@ def test_a_replica_that_keeps_making_progress_is_not_reported_however_long_it_ru
     assert report["type"] is None, report
 
 
+@pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
+def test_launch_returns_what_rank_0_returned_when_the_other_replica_threads_return_later(faults):
+    # Lightning's launcher queues the result of every replica thread of a worker; rank 0 returns first here
+    assert faults["returns_its_rank"] == {"type": None, "value": 0}
+
+
 @pytest.mark.slow  # primary tox cell only (tox.ini)
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM])
 def test_no_worker_outlives_a_killed_main_process(sent, tmp_path):

@@ -12,8 +12,7 @@ loss with ``.item()`` (outside any training step). 3 epochs of 8 steps, per-devi
 the monitor's reports and summary (from ``finish()``), and the error raised, if any. With
 ``--strategy xla`` (the spawn strategy, through tests/xla_cpu_harness.py: one replica thread per
 device) the loop runs in every replica, each writes that line to ``DIR/rank<N>.json``, and the
-process prints what ``fabric.launch`` returned (with replica threads, Lightning's launcher lets
-every replica return its outcome and the last one received wins: read the files).
+process prints what ``fabric.launch`` returned: rank 0's outcome.
 """
 
 from __future__ import annotations

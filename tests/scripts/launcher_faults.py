@@ -1,7 +1,8 @@
 """Replicas of a 4-device Fabric spawn run that exit, are killed or hang; report what the main process sees.
 
 ``launcher_faults.py report``: runs each fault in turn (a fresh launch each time) and prints one JSON
-object mapping the fault to the error the main process raised. ``launcher_faults.py orphan DIR``:
+object mapping the fault to the error the main process raised (or, for a launch whose replicas return their
+rank with rank 0 the first, to the value it returned). ``launcher_faults.py orphan DIR``:
 starts a launch whose replicas wait forever, after writing the worker's process id to DIR/worker.pid
 (the test then kills this main process).
 """
@@ -59,6 +60,12 @@ def slow_but_moving(fabric: L.Fabric) -> None:
         fabric.barrier()
 
 
+def returns_its_rank(fabric: L.Fabric) -> int:
+    if fabric.global_rank != 0:
+        time.sleep(2.0)  # rank 0 returns first: what the others return later must not replace its result
+    return fabric.global_rank
+
+
 def waits_forever(fabric: L.Fabric, folder: str) -> None:
     if fabric.global_rank == 0:
         with open(os.path.join(folder, "worker.pid.tmp"), "w") as file:
@@ -72,7 +79,7 @@ def outcome(function, timeout: str = "0") -> dict:
     fabric = L.Fabric(accelerator="xla", devices=DEVICES, strategy="xla")
     began = time.monotonic()
     try:
-        fabric.launch(function)
+        value = fabric.launch(function)
     except BaseException as error:  # noqa: BLE001 - reported to the test
         return {
             "type": type(error).__name__,
@@ -83,7 +90,7 @@ def outcome(function, timeout: str = "0") -> dict:
             "cause": str(error.__cause__) if error.__cause__ is not None else None,
             "seconds": time.monotonic() - began,
         }
-    return {"type": None}
+    return {"type": None, "value": value}
 
 
 if __name__ == "__main__":
@@ -95,5 +102,6 @@ if __name__ == "__main__":
             "is_killed": outcome(is_killed),
             "hangs": outcome(hangs, timeout=HANG_TIMEOUT),
             "slow_but_moving": outcome(slow_but_moving, timeout=HANG_TIMEOUT),
+            "returns_its_rank": outcome(returns_its_rank),
         }
         print(json.dumps(report))

@@ -110,8 +110,16 @@ class _Channel:
             self._lock.release()
 
     def put(self, value: Any) -> None:
-        """Lightning's ``return_queue.put``: local rank 0's result."""
-        self.send("result", value)
+        """Lightning's ``return_queue.put``: sends ``value`` only from the replica of local rank 0.
+
+        Lightning's launchers put from every replica thread when a worker drives several devices (they
+        ask the launcher's own strategy for the local rank, which is 0 in every thread), so the
+        replica's rank is read from torch_xla (``torch_xla.runtime.local_ordinal``, per thread).
+        """
+        import torch_xla.runtime as xr
+
+        if xr.local_ordinal() == 0:
+            self.send("result", value)
 
     def report(self, rank: int, error: BaseException, text: Optional[str] = None) -> None:
         """Report ``error`` of replica ``rank`` (with ``text`` as its traceback, if given)."""
