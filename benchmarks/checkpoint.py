@@ -4,9 +4,10 @@ Each run (its own process) fits an MLP whose training state (weights and Adam's 
 about 100 MB, and calls ``trainer.save_checkpoint`` every ``--every`` steps; the stall is the time
 that call keeps the training thread (wall clock around it), the first save (which also compiles)
 left out. Four arms: ``background`` (the default,
-:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO`: the copy to the host on the
-training thread), ``device-copy`` (``XLA_PLUGINS_CHECKPOINT_WRITES=device-copy``: a copy on the
-device, moved to the host by the writer thread), ``sync`` (``XLA_PLUGINS_CHECKPOINT_WRITES=sync``:
+:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` with ``copy="auto"``: on PJRT CPU
+always a copy on the device, moved to the host by the writer thread), ``host-copy``
+(``XLA_PLUGINS_CHECKPOINT_WRITES=host-copy``: the copy to the host on the training thread, the
+default before 3 December 2026), ``sync`` (``XLA_PLUGINS_CHECKPOINT_WRITES=sync``:
 the same atomic write on the training thread) and ``torch.save`` (Lightning's own
 ``XLACheckpointIO``: ``torch.save`` on the training thread). The arms are interleaved over
 ``--rounds`` rounds (benchmarks/rounds.py); each ratio to ``torch.save`` is taken within a round,
@@ -34,7 +35,7 @@ from rounds import interleaved, run, spread
 
 ARMS = {
     "background": {},
-    "device-copy": {"XLA_PLUGINS_CHECKPOINT_WRITES": "device-copy"},
+    "host-copy": {"XLA_PLUGINS_CHECKPOINT_WRITES": "host-copy"},
     "sync": {"XLA_PLUGINS_CHECKPOINT_WRITES": "sync"},
     "torch.save": {"CHECKPOINT_ARM": "lightning"},
 }

@@ -212,7 +212,7 @@ def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_pa
     assert [kind for kind, _ in writes.events] == ["start", "end", "start", "end"]
 
 
-@pytest.mark.parametrize("copy", ["host", "device"])
+@pytest.mark.parametrize("copy", ["host", "device", "auto"])  # auto: a device copy on PJRT CPU
 def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_copy_by_the_writer(
     tmp_path, monkeypatch, copy
 ):
@@ -240,6 +240,68 @@ def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_co
     assert transfers == ["training thread" if copy == "host" else "writer"]
     saved = torch.load(tmp_path / "a.ckpt")
     assert saved["w"].tolist() == [1.0, 1.0, 1.0] and saved["count"].tolist() == [0.0]
+
+
+def mocked_tpu_memory(monkeypatch, peak_bytes_used: int, bytes_limit: int) -> None:
+    """Make torch_xla report a TPU with these memory figures (PJRT CPU reports none; mocked: needs TPU hardware)."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    monkeypatch.setattr(xr, "device_type", lambda: "TPU")
+    figures = {"bytes_used": peak_bytes_used // 2, "peak_bytes_used": peak_bytes_used, "bytes_limit": bytes_limit}
+    monkeypatch.setattr(xm, "get_memory_info", lambda device=None: figures)
+
+
+def test_device_copy_fits_next_to_the_peak_up_to_the_share_with_mocked_tpu_memory_figures(monkeypatch):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    from xla_plugins._state_copies import DEVICE_COPY_MEMORY_SHARE, device_copy_fits
+
+    checkpoint = {"state_dict": {"w": torch.zeros(250, device=torch_xla.device())}, "step": torch.zeros(1000)}
+    assert device_copy_fits(checkpoint)  # PJRT CPU: the device's memory is the host's
+    limit = 10_000
+    room = int(DEVICE_COPY_MEMORY_SHARE * limit)
+    mocked_tpu_memory(monkeypatch, peak_bytes_used=room - 1000, bytes_limit=limit)  # 1000 bytes: the XLA tensor
+    assert device_copy_fits(checkpoint)  # the CPU tensor is not counted
+    mocked_tpu_memory(monkeypatch, peak_bytes_used=room - 999, bytes_limit=limit)
+    assert not device_copy_fits(checkpoint)
+
+    def unreported(device=None):
+        raise RuntimeError("Bad StatusOr access: UNIMPLEMENTED: GetAllocatorStats is not supported")
+
+    monkeypatch.setattr(xm, "get_memory_info", unreported)
+    assert not device_copy_fits(checkpoint)
+    assert device_copy_fits({"step": torch.zeros(1)})  # nothing on the device: nothing to hold there
+
+
+def test_the_default_copy_goes_to_the_host_when_the_device_has_no_room_with_mocked_tpu_memory_figures(
+    tmp_path, monkeypatch, caplog
+):
+    import torch_xla
+
+    from xla_plugins import _torch_xla_contract
+
+    transfers: list[str] = []
+    convert = _torch_xla_contract.convert_to_cpu
+
+    def recorded(data):
+        transfers.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
+        return convert(data)
+
+    monkeypatch.setattr(_torch_xla_contract, "convert_to_cpu", recorded)
+    io = BackgroundXLACheckpointIO()
+    weights = torch.ones(1000, device=torch_xla.device())  # 4000 bytes
+    mocked_tpu_memory(monkeypatch, peak_bytes_used=6000, bytes_limit=10_000)  # 6000 + 4000 > 9000
+    with caplog.at_level("INFO", logger="xla_plugins"):
+        for name in ("a", "b"):
+            io.save_checkpoint({"w": weights}, tmp_path / f"{name}.ckpt")
+    mocked_tpu_memory(monkeypatch, peak_bytes_used=5000, bytes_limit=10_000)  # 5000 + 4000 <= 9000
+    io.save_checkpoint({"w": weights}, tmp_path / "c.ckpt")
+    io.teardown()
+    assert transfers == ["training thread", "training thread", "writer"]
+    assert caplog.text.count("does not fit on the device") == 1  # said at the first save that falls back only
+    assert torch.load(tmp_path / "a.ckpt")["w"].tolist() == torch.load(tmp_path / "c.ckpt")["w"].tolist()
 
 
 def test_the_host_copy_is_taken_on_the_training_thread_before_the_hand_off(tmp_path):
@@ -406,7 +468,7 @@ def _fit_and_resume(directory, writes: str, monkeypatch) -> tuple[dict, type]:
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-@pytest.mark.parametrize("writes", ["background", "device-copy"])
+@pytest.mark.parametrize("writes", ["background", "host-copy"])
 def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchronous_write(
     tmp_path, monkeypatch, writes
 ):
@@ -424,16 +486,15 @@ def test_a_resume_from_a_background_written_checkpoint_equals_one_from_a_synchro
 def test_the_writes_setting_switches_background_writes_off_and_a_bad_value_names_the_choices(monkeypatch):
     monkeypatch.setenv(WRITES_VARIABLE, "sync")
     assert type(default_checkpoint_io()) is AtomicXLACheckpointIO
-    monkeypatch.setenv(WRITES_VARIABLE, " Background ")
-    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "host"
-    monkeypatch.setenv(WRITES_VARIABLE, "device-copy")
-    assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == "device"
-    with pytest.raises(ValueError, match=r"copy='gpu' is not valid: choose one of \['host', 'device'\]"):
+    for value, copy in ((" Background ", "auto"), ("", "auto"), ("device-copy", "device"), ("host-copy", "host")):
+        monkeypatch.setenv(WRITES_VARIABLE, value)
+        assert type(default_checkpoint_io()) is BackgroundXLACheckpointIO and default_checkpoint_io().copy == copy
+    with pytest.raises(ValueError, match=r"copy='gpu' is not valid: choose one of \['auto', 'host', 'device'\]"):
         BackgroundXLACheckpointIO(copy="gpu")
     monkeypatch.setenv(WRITES_VARIABLE, "async")
     with pytest.raises(
         ValueError,
-        match=r"WRITES='async' is not valid: choose one of \['background', 'sync', 'device-copy'\]",
+        match=r"WRITES='async' is not valid: choose one of \['background', 'sync', 'device-copy', 'host-copy'\]",
     ):
         default_checkpoint_io()
     with pytest.raises(ValueError, match="XLA_PLUGINS_CHECKPOINT_WRITES='async'"):

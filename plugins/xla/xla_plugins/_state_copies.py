@@ -4,7 +4,8 @@ The training thread changes the state in place at the next step, so a background
 copy the step does not touch: on the host (:func:`host_copy`, :func:`sharded_host_copy`; the step
 waits for the device-to-host transfer), or on the device (:func:`device_copy`; the step waits only
 until the copy is dispatched, the writer thread transfers it, and the device holds one more copy
-of the state until then).
+of the state until then). :func:`device_copy_fits` is the rule of the default, which copies on the
+device where the device has room for it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,41 @@ def device_copy(checkpoint: Any) -> Any:
     copied = apply_to_collection(checkpoint, Tensor, lambda t: t.detach().clone())
     torch_xla.sync()
     return copied
+
+
+#: The share of a device's memory that the run's peak use plus a device copy of the checkpoint may take
+#: (:func:`device_copy_fits`); the rest is left for what the peak figure does not show yet.
+DEVICE_COPY_MEMORY_SHARE = 0.9
+
+
+def device_copy_fits(checkpoint: Any) -> bool:
+    """Whether a :func:`device_copy` of ``checkpoint`` fits on its device next to the run's own use.
+
+    On PJRT CPU always: the device's memory is the host's, where a host copy would take the same
+    bytes (the writer drops the device copy once it is on the host). Elsewhere the rule reads
+    torch_xla's ``xm.get_memory_info`` of the device holding the first XLA tensor: the copy fits
+    when ``peak_bytes_used`` plus the checkpoint's XLA tensor bytes (``numel * element_size``, the
+    whole tensor even where it is sharded, so an overestimate there) is at most
+    :data:`DEVICE_COPY_MEMORY_SHARE` of ``bytes_limit``: the copy lives while the next steps run,
+    which need the peak again. A runtime that reports no memory figures gets ``False``. The rule's
+    effect on TPU is not verified.
+
+    Args:
+        checkpoint: a collection of tensors (Lightning's checkpoint dict).
+    """
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    tensors: list[Tensor] = []
+    apply_to_collection(checkpoint, Tensor, lambda t: tensors.append(t) if t.device.type == "xla" else None)
+    if not tensors or xr.device_type() == "CPU":
+        return True
+    try:
+        info = xm.get_memory_info(tensors[0].device)
+    except RuntimeError:  # the runtime keeps no allocator figures (PJRT's GetAllocatorStats unimplemented)
+        return False
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    return int(info["peak_bytes_used"]) + size <= DEVICE_COPY_MEMORY_SHARE * int(info["bytes_limit"])
 
 
 def sharded_host_copy(tensors: Any) -> Any:

@@ -8,8 +8,8 @@ bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO` builds on Light
 ``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a writer
 thread writes it, at most one write is in flight.
 
-The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync`` or ``device-copy``)
-chooses what the XLA strategies use by default (:func:`default_checkpoint_io`).
+The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync``, ``device-copy`` or
+``host-copy``) chooses what the XLA strategies use by default (:func:`default_checkpoint_io`).
 """
 
 from __future__ import annotations
@@ -31,19 +31,22 @@ from xla_plugins import _commits, _torch_xla_contract
 from xla_plugins._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
 from xla_plugins._logging import log
 from xla_plugins._sharded_writes import write_directory
-from xla_plugins._state_copies import device_copy, host_copy, sharded_host_copy
+from xla_plugins._state_copies import device_copy, device_copy_fits, host_copy, sharded_host_copy
 
 #: Environment variable choosing how the XLA strategies write checkpoints by default.
 WRITES_VARIABLE = "XLA_PLUGINS_CHECKPOINT_WRITES"
-#: Valid values of :data:`WRITES_VARIABLE`: a writer thread after a copy to the host (default), on the training
-#: thread, or a writer thread after a copy on the device.
-WRITES_CHOICES = ("background", "sync", "device-copy")
+#: Valid values of :data:`WRITES_VARIABLE`: a writer thread after a copy on the device where it fits, else
+#: to the host (default); on the training thread; a writer thread after a copy on the device, always; or
+#: after a copy to the host, always.
+WRITES_CHOICES = ("background", "sync", "device-copy", "host-copy")
 #: Valid ``copy`` arguments of :class:`BackgroundXLACheckpointIO`.
-COPY_CHOICES = ("host", "device")
+COPY_CHOICES = ("auto", "host", "device")
+#: The ``copy`` of :class:`BackgroundXLACheckpointIO` that each background value of :data:`WRITES_VARIABLE` gives.
+_COPY_OF_WRITES = {"background": "auto", "device-copy": "device", "host-copy": "host"}
 
 
 def checkpoint_writes() -> str:
-    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank), ``"sync"`` or ``"device-copy"``.
+    """The value of :data:`WRITES_VARIABLE`: ``"background"`` (unset or blank), or one of :data:`WRITES_CHOICES`.
 
     Raises:
         ValueError: another value; the message names it and the choices.
@@ -52,8 +55,9 @@ def checkpoint_writes() -> str:
     if text not in WRITES_CHOICES:
         raise ValueError(
             f"{WRITES_VARIABLE}={os.environ[WRITES_VARIABLE]!r} is not valid: choose one of {list(WRITES_CHOICES)}"
-            " ('background': the training step waits only for the copy to the host; 'sync': it waits for the write;"
-            " 'device-copy': it waits only for a copy on the device, which holds one more copy of the state meanwhile)."
+            " ('background': the training step waits only for a copy of the state, on the device where it fits;"
+            " 'sync': it waits for the write; 'device-copy': it waits only for a copy on the device, always, which"
+            " holds one more copy of the state meanwhile; 'host-copy': it waits for the copy to the host, always)."
         )
     return text
 
@@ -70,7 +74,7 @@ def default_checkpoint_io() -> XLACheckpointIO | AsyncCheckpointIO:
     atomic = AtomicXLACheckpointIO()
     if writes == "sync":
         return atomic
-    return BackgroundXLACheckpointIO(atomic, copy="device" if writes == "device-copy" else "host")
+    return BackgroundXLACheckpointIO(atomic, copy=_COPY_OF_WRITES[writes])
 
 
 class AtomicXLACheckpointIO(XLACheckpointIO):
@@ -177,9 +181,14 @@ def _refuse_storage_options(io: Any, storage_options: Optional[Any]) -> None:
         )
 
 
-def _write_host_copy(write: Callable[..., None], checkpoint: Any, path: _PATH) -> None:
-    """On the writer thread: ``write`` the host copy of ``checkpoint`` (a :func:`device_copy`) to ``path``."""
-    write(host_copy(checkpoint), path)
+def _write_host_copy(write: Callable[..., None], held: list[Any], path: _PATH) -> None:
+    """On the writer thread: ``write`` the host copy of the :func:`device_copy` in ``held`` to ``path``.
+
+    The device copy is taken out of ``held`` so that it is freed once it is on the host, not only
+    after the write: the device (the host's memory, on PJRT CPU) then holds it no longer than needed.
+    """
+    checkpoint = host_copy(held.pop())
+    write(checkpoint, path)
 
 
 def _host_copy_or_none(metadata: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -221,16 +230,20 @@ def _finish_at_exit() -> None:
 
 
 class BackgroundXLACheckpointIO(AsyncCheckpointIO):
-    """Lightning's ``AsyncCheckpointIO`` for XLA: the step waits only for the copy to the host.
+    """Lightning's ``AsyncCheckpointIO`` for XLA: the step waits only for a copy of the state.
 
     ``save_checkpoint`` first waits for the write in flight (at most one: the host holds one copy
-    of the state), copies the checkpoint to the host on the calling thread (:func:`host_copy`),
-    then hands it to a writer thread, which calls the wrapped plugin's ``write`` (default
-    :class:`AtomicXLACheckpointIO`). With ``copy="device"`` the calling thread only dispatches a
-    copy on the device (:func:`device_copy`) and the writer thread makes the host copy, so the step
-    does not wait for the transfer, and the device holds a second copy of the state until the
-    writer has transferred it. ``save_sharded`` does the same for a sharded checkpoint
-    (:func:`sharded_host_copy`, then the wrapped plugin's ``write_sharded``). ``load_checkpoint``,
+    of the state), copies the checkpoint, then hands the copy to a writer thread, which calls the
+    wrapped plugin's ``write`` (default :class:`AtomicXLACheckpointIO`). With ``copy="host"`` the
+    calling thread copies it to the host (:func:`host_copy`: the step waits for the step still
+    running on the device, then for the transfer). With ``copy="device"`` it only dispatches a copy
+    on the device (:func:`device_copy`) and the writer thread makes the host copy, so the step waits
+    for neither, and the device holds a second copy of the state until the writer has transferred
+    it. ``copy="auto"`` (the default) takes the device copy where it fits, at each save
+    (:func:`device_copy_fits`: on PJRT CPU always, elsewhere by torch_xla's memory figures), else
+    the host copy, and logs the first save that falls back to the host. ``save_sharded`` does the
+    same for a sharded checkpoint, always copying to the host (:func:`sharded_host_copy`, then the
+    wrapped plugin's ``write_sharded``). ``load_checkpoint``,
     ``remove_checkpoint`` and ``teardown`` wait for the write in flight first (so ``trainer.fit``
     returns after the last write: Lightning tears the strategy's checkpoint IO down at the end of
     ``fit``); a save after ``teardown`` starts a new writer; the interpreter's normal exit waits too
@@ -240,7 +253,7 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         checkpoint_io: the plugin that writes; it needs a ``write(checkpoint, path)`` method taking
             CPU tensors, and for sharded checkpoints ``write_sharded`` (:class:`AtomicXLACheckpointIO` has
             both). Default: :class:`AtomicXLACheckpointIO`.
-        copy: ``"host"`` (default) or ``"device"``: where the calling thread copies the state (see above).
+        copy: ``"auto"`` (default), ``"host"`` or ``"device"``: where the calling thread copies the state (see above).
             Sharded checkpoints are copied to the host either way (torch_xla reads a device's shards
             only while no program runs, which the training thread goes on dispatching).
 
@@ -249,7 +262,7 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         ValueError: another ``copy``; the message names it and the choices.
     """
 
-    def __init__(self, checkpoint_io: Optional[Any] = None, copy: str = "host") -> None:
+    def __init__(self, checkpoint_io: Optional[Any] = None, copy: str = "auto") -> None:
         if copy not in COPY_CHOICES:
             raise ValueError(f"copy={copy!r} is not valid: choose one of {list(COPY_CHOICES)}.")
         self.copy = copy
@@ -262,6 +275,7 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         super().__init__(checkpoint_io)
         self._pending: Optional[Future] = None
         self._pid = os.getpid()
+        self._told_host_copy = False
         _WRITERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -282,10 +296,25 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         _refuse_storage_options(self, storage_options)
         self.wait()
         write = self.checkpoint_io.write  # type: ignore[union-attr]
-        if self.copy == "device":
-            self._submit(_write_host_copy, write, device_copy(checkpoint), path)
+        if self._copies_on_device(checkpoint):
+            self._submit(_write_host_copy, write, [device_copy(checkpoint)], path)
         else:
             self._submit(write, host_copy(checkpoint), path)
+
+    def _copies_on_device(self, checkpoint: dict[str, Any]) -> bool:
+        if self.copy != "auto":
+            return self.copy == "device"
+        if device_copy_fits(checkpoint):
+            return True
+        if not self._told_host_copy:
+            self._told_host_copy = True
+            log.info(
+                "A copy of the checkpoint does not fit on the device next to the run's peak memory (or the device"
+                " reports no memory figures): it is copied to the host, and the training step waits for that copy"
+                " (%s=host-copy chooses this without the check; device-copy copies on the device anyway).",
+                WRITES_VARIABLE,
+            )
+        return False
 
     def save_sharded(
         self, path: _PATH, tensors: dict[str, Any], metadata: Optional[dict[str, Any]], **options: Any
