@@ -87,6 +87,24 @@ def test_one_replica_per_device_world_over_slices(pod, layout):
     assert sorted(i for share in shares for i in share) == list(range(size))  # disjoint and covering
 
 
+@pytest.mark.parametrize("layout", [PER_CHIP, PER_HOST_THREADS])
+@pytest.mark.parametrize("pod", SLICES, ids=SLICE_IDS)
+def test_one_rank_per_worker_process_and_one_leading_replica_each_over_slices(pod, layout):
+    """The spawn strategy's stop agreement: a rank per worker process, led by exactly one of its replicas."""
+    figures = [pod.replica(h, d, layout) for h in range(pod.hosts) for d in range(pod.devices_per_host)]
+    leaders = [f for f in figures if _world.leads_its_process(f)]
+    assert sorted(f.process_index for f in leaders) == list(range(figures[0].process_count))  # one a process
+    for f in figures:
+        world = _world.one_rank_per_process(f)
+        replica = _world.one_replica_per_device(f)
+        assert (world.world_size, world.global_rank) == (f.process_count, f.process_index)
+        assert (
+            (world.node_rank, world.num_nodes) == (replica.node_rank, replica.num_nodes) == (world.node_rank, pod.hosts)
+        )
+    expected = pod.devices if layout == PER_CHIP else pod.hosts
+    assert figures[0].process_count == expected
+
+
 @pytest.mark.parametrize("pod", SLICES, ids=SLICE_IDS)
 def test_one_process_per_host_world_over_slices(pod):
     worlds = [_world.one_process_per_host(pod.host(h)) for h in range(pod.hosts)]
@@ -559,3 +577,35 @@ def test_sigterm_to_one_simulated_host_stops_every_host_at_one_step_with_one_che
     checkpoints = list(tmp_path.rglob("*.ckpt"))
     assert [p.name for p in checkpoints] == ["last-stopped.ckpt"]
     assert torch.load(checkpoints[0], map_location="cpu", weights_only=False)["global_step"] == 4
+
+
+@pytest.mark.slow  # two interpreters, each a spawn fit on 2 replica threads (tests/xla_cpu_harness.py)
+def test_sigterm_to_one_simulated_host_stops_every_spawn_replica_of_every_host_at_one_step(tmp_path):
+    """The spawn strategy ("xla") on two simulated hosts of 2 devices: SIGTERM reaches host 1's main process
+    alone at global step 3; every replica of both hosts stops after the same batch, one stop checkpoint holds
+    that step, both hosts exit 143. Without the agreement host 0 trained to the end of the epoch."""
+    import os
+    import subprocess
+
+    import torch
+    from xla_cpu_harness import required_environment
+
+    from xla_plugins.strategies._stop_agreement import STOP_MARGIN_BATCHES
+
+    script = Path(__file__).parent / "scripts" / "spawn_pod_stop.py"
+    env = dict(os.environ, **required_environment(2), STOP_HOST="1", STOP_AT="3", XLA_PLUGINS_REPLICA_TIMEOUT="120")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env}
+    procs = [subprocess.Popen([sys.executable, str(script), str(h), str(tmp_path)], **pipes) for h in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)  # no host is left waiting for the other
+        assert proc.returncode == 143, err[-3000:]
+    lines = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted((line["host"], line["how"]) for line in lines) == [(0, "stopped")] * 2 + [(1, "stopped")] * 2
+    assert sorted(line["rank"] for line in lines) == [0, 1, 2, 3]
+    # host 1's signal arrives in its 4th batch; the hosts agree at the start of the 5th (the most batches any
+    # replica started: 5), and all stop STOP_MARGIN_BATCHES after it, at one global step
+    stopped_at = 5 + STOP_MARGIN_BATCHES
+    assert {line["global_step"] for line in lines} == {stopped_at}
+    checkpoints = list(tmp_path.rglob("*.ckpt"))
+    assert [p.name for p in checkpoints] == ["last-stopped.ckpt"]
+    assert torch.load(checkpoints[0], map_location="cpu", weights_only=False)["global_step"] == stopped_at

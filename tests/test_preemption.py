@@ -391,3 +391,79 @@ def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint
     # (Lightning's "Restoring states" line from a worker does not always reach the output: count steps instead)
     assert printed_global_step(resumed, "START") == stopped_at
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
+
+
+@pytest.mark.slow  # 4 replica threads (tests/xla_cpu_harness.py): primary tox cell only (tox.ini)
+def test_a_spawn_strategy_save_past_the_deadline_exits_with_the_stop_status_and_leaves_no_checkpoint(tmp_path):
+    """The replica whose save misses the deadline ends its worker with 143; the main process exits with it too."""
+    from xla_cpu_harness import required_environment
+
+    root = tmp_path / "run"
+    harness = {**required_environment(4), "HARNESS": str(Path(__file__).parent), "XLA_PLUGINS_REPLICA_TIMEOUT": "120"}
+    result = run_script(
+        root,
+        strategy="xla",
+        devices=4,
+        STOP_AT=str(STOP_AT),
+        SLOW_SAVE="1",
+        XLA_PLUGINS_CHECKPOINT_DEADLINE="1",
+        **harness,
+    )
+    assert result.returncode == 143, output(result)
+    assert "no checkpoint was written within 1 s" in output(result)
+    assert "WorkerDiedError" not in output(result)
+    assert not stop_checkpoint(root).exists()
+    assert not Path(str(stop_checkpoint(root)) + ".partial").exists()
+
+
+class OtherHost:
+    """The worker group of a simulated second host: its (signal, batches started, agreed batch) join the maximum."""
+
+    def __init__(self, signum: int = 0, started: int = 0) -> None:
+        self.values = [signum, started, 0]
+        self.calls = 0
+
+    def maximum(self, values: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.maximum(values, torch.tensor(self.values))
+
+
+def test_on_several_hosts_a_signal_of_another_host_stops_this_one_at_the_agreed_batch():
+    import multiprocessing
+
+    stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
+    margin = _stop_agreement.STOP_MARGIN_BATCHES
+    other = OtherHost()
+    assert stop.batch_started(1, other, several_hosts=True) is None
+    other.values = [int(signal.SIGTERM), 3, 0]  # the other host got SIGTERM and is one batch ahead
+    assert stop.batch_started(2, other, several_hosts=True) is None  # agreed: 3 + margin
+    assert stop.requested_signal() == signal.SIGTERM
+    for batch in range(3, 3 + margin):
+        assert stop.batch_started(batch, other, several_hosts=True) is None
+    assert stop.batch_started(3 + margin, other, several_hosts=True) == signal.SIGTERM
+    assert other.calls == 3 + margin  # the leading replica takes part at every batch
+
+
+def test_on_several_hosts_this_hosts_signal_is_a_request_until_the_hosts_agree():
+    import multiprocessing
+    import threading
+
+    stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
+    margin = _stop_agreement.STOP_MARGIN_BATCHES
+    stop.spans_hosts()
+    other = OtherHost()
+    assert stop.batch_started(1, other, several_hosts=True) is None
+    stop.request(signal.SIGTERM)  # in batch 1: on one host the replicas would stop after batch 1 + margin
+    assert stop.batch_started(2, other, several_hosts=True) is None  # agreed now: 2 + margin
+    for batch in range(3, 2 + margin):
+        assert stop.batch_started(batch, other, several_hosts=True) is None
+    assert stop.batch_started(1 + margin, None, several_hosts=True) is None  # another replica: not the host's batch
+    # another replica of the process waits at a batch until the leading replica has taken part in it
+    seen: list = []
+    follower = threading.Thread(target=lambda: seen.append(stop.batch_started(2 + margin, None, several_hosts=True)))
+    follower.start()
+    follower.join(timeout=1)
+    assert follower.is_alive() and seen == []
+    assert stop.batch_started(2 + margin, other, several_hosts=True) == signal.SIGTERM
+    follower.join(timeout=60)
+    assert seen == [signal.SIGTERM]

@@ -141,6 +141,38 @@ def one_replica_per_device(figures: RuntimeFigures) -> World:
     )
 
 
+def one_rank_per_process(figures: RuntimeFigures) -> World:
+    """The worker processes of an ``xmp.spawn`` run as ranks: one rank per worker process, over all hosts.
+
+    ``world_size`` is ``process_count``, ``global_rank`` the ``process_index``, ``local_rank`` the
+    process's index on its host, ``node_rank`` and ``num_nodes`` as :func:`one_replica_per_device`.
+    (torch_xla's own ``xla://`` rendezvous gives a spawned worker a rank per *device* instead.) The
+    spawn strategy's stop agreement over several hosts runs in a gloo group of these ranks.
+
+    Args:
+        figures: the :class:`RuntimeFigures` of a replica of the worker process.
+
+    Raises:
+        ValueError: inconsistent figures (see :func:`check_figures`).
+    """
+    f = check_figures(figures)
+    return World(
+        world_size=f.process_count,
+        global_rank=f.process_index,
+        local_rank=f.process_index % f.local_process_count,
+        node_rank=f.process_index // f.local_process_count,
+        num_nodes=f.process_count // f.local_process_count,
+    )
+
+
+def leads_its_process(figures: RuntimeFigures) -> bool:
+    """Whether the replica of ``figures`` is the first its worker process drives: its ``local_ordinal`` is a
+    multiple of ``addressable_device_count`` (``torch_xla.runtime.local_ordinal`` is the process's local rank
+    times its device count plus the device's index)."""
+    f = check_figures(figures)
+    return f.local_ordinal % f.addressable_device_count == 0
+
+
 def one_process_per_host(figures: RuntimeFigures) -> World:
     """The world of a process of the SPMD strategies (``xla_spmd``): one process per host.
 

@@ -33,9 +33,9 @@ fixes the batch after which all replicas of the host stop (up to ``STOP_MARGIN_B
 one in flight), each replica sets Lightning's stop flag when it starts that batch (or the first batch
 after it that ends an accumulation window), and the launcher
 writes the checkpoint from every replica (:func:`run_saving_on_stop`). The hosts of a slice under
-the SPMD strategies agree over their process group instead
-(:mod:`~xla_plugins.strategies._stop_agreement`); the spawn strategy's replicas on several hosts
-share no memory and are not covered.
+the SPMD strategies agree over their process group instead, and the spawn strategy's replicas on
+several hosts over their worker processes' group
+(:mod:`~xla_plugins.strategies._stop_agreement`).
 
 Resuming stays Lightning's: :mod:`xla_plugins.strategies._stop_checkpoint` shows the checkpoint to
 ``ckpt_path="last"``; the settings (signals, deadline, ``XLA_PLUGINS_RESUME``) are in
@@ -141,6 +141,8 @@ class SavesCheckpointOnStop:
     _stop: Optional[_Stop] = None
     _batches = 0
     _several_hosts = False  # several_hosts(self), fixed when training starts (read every batch)
+    _spawn_hosts: Optional[_stop_agreement.WorkerGroup] = None  # a spawn replica leading its process on several hosts
+    _spawn_spans_hosts = False  # a spawn replica on several hosts
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()  # type: ignore[misc]
@@ -154,8 +156,12 @@ class SavesCheckpointOnStop:
         self._stop = _Stop()
         self._batches = 0
         self._several_hosts = several_hosts(self)
-        if _stop_agreement.host_stop is not None:
-            return  # a replica of the spawn strategy: the replicas agree on the batch (on_train_batch_start)
+        if _stop_agreement.host_stop is not None:  # a replica of the spawn strategy: they agree at batch starts
+            self._spawn_spans_hosts = self.num_nodes > 1  # type: ignore[attr-defined]
+            if self._spawn_spans_hosts:
+                _stop_agreement.host_stop.spans_hosts()
+            self._spawn_hosts = _stop_agreement.spawn_hosts()
+            return
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only; Lightning's handler stays
         lightning_handler = signal.getsignal(signal.SIGTERM)
@@ -194,7 +200,8 @@ class SavesCheckpointOnStop:
         """Set Lightning's stop flag for this batch if a stop is due and the batch ends an accumulation window.
 
         In a replica of the spawn strategy a stop is due from the agreed batch on
-        (:class:`~xla_plugins.strategies._stop_agreement.HostStop`);
+        (:class:`~xla_plugins.strategies._stop_agreement.HostStop`; on several hosts the one the
+        hosts agreed on);
         on several hosts once any host received a signal (:mod:`~xla_plugins.strategies._stop_agreement`);
         elsewhere once a signal arrived. Inside a window the flag is cleared (a signal between two
         batches set it for the next one), so Lightning stops at the window's last batch.
@@ -216,7 +223,7 @@ class SavesCheckpointOnStop:
             trainer._signal_connector.received_sigterm = not self._inside_accumulation_window()  # Lightning's flag
             return
         self._batches += 1
-        signum = _stop_agreement.host_stop.batch_started(self._batches)
+        signum = _stop_agreement.host_stop.batch_started(self._batches, self._spawn_hosts, self._spawn_spans_hosts)
         if signum is not None and not self._inside_accumulation_window():
             stop.start(signum, f"the replicas stop after batch {self._batches}", announce=trainer.is_global_zero)
             trainer._signal_connector.received_sigterm = True  # Lightning's stop flag

@@ -5,6 +5,18 @@ or worker processes, where Python takes no signal: a signal to the main process 
 fixes, in shared memory, the batch after which all replicas of the host stop (:class:`HostStop`,
 :func:`workers_stop_together`).
 
+**The spawn strategy on several hosts.** The hosts share no memory, and a signal may reach one of
+them only. There the batch a host's signal fixed is a request only: at the start of every training
+batch the first replica of each worker process (:func:`~xla_plugins._world.leads_its_process`)
+takes, over a gloo group of the worker processes (:class:`WorkerGroup`, one rank per process, on
+the store of torch_xla's ``xla://`` rendezvous), the maximum of the signal its host
+received and of the batches its host's replicas started; once a signal is in, every host sets the
+same stop batch, the most batches any replica started plus :data:`STOP_MARGIN_BATCHES`, and every
+replica stops there. The replicas of all hosts run in lock-step (every step's program holds
+collectives over all of them), so none has passed that batch when it is set. The cost is one
+all-reduce of three integers over the CPU group a training batch in each worker process, on
+several hosts only (:func:`spawn_hosts`).
+
 **The hosts of a slice** (one process per host: the SPMD strategies). A stop signal may reach one
 host only (a preemption notice of one VM, a scheduler's signal to one process). Each host's Python
 runs the same steps in lock-step with the others, because every step's program holds collectives
@@ -24,10 +36,15 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from xla_plugins import _runtime
 from xla_plugins._logging import log
+from xla_plugins._world import World, leads_its_process, one_rank_per_process, one_replica_per_device
 from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def several_hosts(strategy: Any) -> bool:
@@ -55,36 +72,144 @@ def agreed_signal(strategy: Any, signum: Optional[int]) -> Optional[int]:
 STOP_MARGIN_BATCHES = 2
 
 
+#: Where the spawn strategy's worker processes meet to form their group (``torch.distributed.rendezvous``):
+#: torch_xla's ``xla://``, whose store (a ``TCPStore`` at the master worker, ``MASTER_ADDR``/``MASTER_PORT``
+#: override it) is shared by every ``xla://`` group of the process. Tests of simulated hosts set a
+#: ``file://`` URL here before the workers fork.
+RENDEZVOUS = "xla://"
+#: The prefix of the group's keys in that store.
+STORE_PREFIX = "xla_plugins/stop_agreement"
+
+
+class WorkerGroup:
+    """The worker processes of a spawn run on several hosts, as a gloo process group of their own.
+
+    One rank per worker process (:func:`~xla_plugins._world.one_rank_per_process`), on the store of
+    :data:`RENDEZVOUS` under :data:`STORE_PREFIX`. Not ``torch.distributed``'s default group: once
+    that one exists, Lightning's training loop broadcasts over it from every replica at every
+    batch (Lightning 2.6's ``_broadcast_sigterm_tensor``), which the replica threads of one
+    process, sharing it, cannot do in one order with the other hosts.
+
+    Args:
+        world: the worker process's :class:`~xla_plugins._world.World` (one rank per process).
+    """
+
+    def __init__(self, world: World) -> None:
+        import torch.distributed as dist
+
+        store, _, _ = next(dist.rendezvous(RENDEZVOUS, rank=world.global_rank, world_size=world.world_size))
+        prefixed = dist.PrefixStore(STORE_PREFIX, store)
+        self._group = dist.ProcessGroupGloo(prefixed, world.global_rank, world.world_size)
+
+    def maximum(self, values: Tensor) -> Tensor:
+        """The element-wise maximum of ``values`` (a CPU tensor) over the worker processes; a collective."""
+        import torch.distributed as dist
+
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        self._group.allreduce([values], options).wait()
+        return values
+
+
+def spawn_hosts() -> Optional[WorkerGroup]:
+    """For a replica of the spawn strategy that leads its worker process on several hosts: its :class:`WorkerGroup`.
+
+    ``None`` on one host and for the other replicas of a process. Called by every replica (in its
+    own thread: the runtime figures are the thread's) when training starts; the leading replicas of
+    all worker processes form the group together.
+    """
+    figures = _runtime.runtime_figures()
+    if one_replica_per_device(figures).num_nodes == 1 or not leads_its_process(figures):
+        return None
+    return WorkerGroup(one_rank_per_process(figures))
+
+
 class HostStop:
     """Where the replicas of one host agree on the batch after which they all stop (the spawn strategy).
 
-    Three integers in shared memory, made before the workers fork: the most batches any replica has
-    started, the batch after which all stop (0: none yet) and the signal. A stop request (the signal
-    handler of the main process or of any worker, which inherit it) sets the stop batch to the
-    first plus :data:`STOP_MARGIN_BATCHES`; each replica compares it with its own count when it
-    starts a batch. No device value is read: the check is two reads of shared memory a batch.
+    Five integers in shared memory, made before the workers fork: the most batches any replica of
+    the host has started, the host's stop batch (0: none yet), the signal, the stop batch the hosts
+    agreed on (several hosts; 0: none yet) and whether the run spans several hosts. A stop request
+    (the signal handler of the main process or of any worker, which inherit it) sets the host's
+    stop batch to the first plus :data:`STOP_MARGIN_BATCHES`; each replica compares it with its own
+    count when it starts a batch. On several hosts the replicas compare with the agreed batch
+    instead, which :meth:`batch_started` sets in the replicas that lead their processes. No device
+    value is read: the check is a few reads of shared memory a batch.
+
+    On several hosts the other replica threads of a worker process start a batch only once their
+    process's leading replica has taken part in that batch's agreement, so none waits in a device
+    collective for a replica that waits for another host (XLA:CPU aborts a collective that waits
+    more than 10 s for a thread; a host that starts or compiles later than another makes the wait).
     """
 
     def __init__(self, context: Any) -> None:
-        self._values = context.RawArray("q", 3)
+        self._values = context.RawArray("q", 5)
+        # In each worker process (its own copy after the fork): the batches its leading replica has agreed on.
+        self._agreed_here = 0
+        self._agreement = threading.Condition()
 
     def request(self, signum: int, frame: Any = None) -> None:
-        """Signal handler: agree on a stop batch, once."""
+        """Signal handler: fix this host's stop batch, once."""
         if self._values[1] == 0:
             self._values[2] = int(signum)
             self._values[1] = self._values[0] + STOP_MARGIN_BATCHES
-            log.warning(
-                "Received %s: every replica stops after batch %d of this fit, then a checkpoint is written.",
-                signal.Signals(signum).name,
-                self._values[1],
-            )
+            if self._values[4]:
+                log.warning(
+                    "Received %s: every replica of every host stops after the batch the hosts agree on at the"
+                    " next batch, then a checkpoint is written.",
+                    signal.Signals(signum).name,
+                )
+            else:
+                log.warning(
+                    "Received %s: every replica stops after batch %d of this fit, then a checkpoint is written.",
+                    signal.Signals(signum).name,
+                    self._values[1],
+                )
 
-    def batch_started(self, batches: int) -> Optional[int]:
-        """Record that a replica started its batch number ``batches`` (from 1); the signal if it is the last."""
+    def spans_hosts(self) -> None:
+        """Note that the run spans several hosts (only the wording of :meth:`request`'s log line depends on it)."""
+        self._values[4] = 1
+
+    def requested_signal(self) -> Optional[int]:
+        """The signal of this host's stop request or of the hosts' agreement, or ``None`` if there is neither."""
+        return int(self._values[2]) if self._values[1] or self._values[3] else None
+
+    def batch_started(
+        self, batches: int, hosts: Optional[WorkerGroup] = None, several_hosts: bool = False
+    ) -> Optional[int]:
+        """Record that a replica started its batch number ``batches`` (from 1); the signal if it is the last.
+
+        Args:
+            batches: the replica's count of training batches started in this fit.
+            hosts: for the replica that leads its process on several hosts, the worker processes'
+                group (:func:`spawn_hosts`): it takes part in the agreement first (a collective:
+                the leading replica of every worker process of every host calls it at the same batch).
+            several_hosts: whether the run spans several hosts: the last batch is then the agreed one,
+                and a replica that does not lead its process waits for its leader's agreement.
+        """
         if batches > self._values[0]:
             self._values[0] = batches
-        stop = self._values[1]
+        if hosts is not None:
+            self._agree(hosts)
+            with self._agreement:
+                self._agreed_here = batches
+                self._agreement.notify_all()
+        elif several_hosts:  # wait for this process's leading replica: see the class docstring
+            with self._agreement:
+                self._agreement.wait_for(lambda: self._agreed_here >= batches)
+        stop = self._values[3] if several_hosts else self._values[1]
         return int(self._values[2]) if stop and batches >= stop else None
+
+    def _agree(self, hosts: WorkerGroup) -> None:
+        """The maximum over the worker processes of (signal, batches started, agreed batch); sets the agreed batch."""
+        import torch
+
+        requested = self._values[2] if self._values[1] else 0
+        mine = torch.tensor([requested, self._values[0], self._values[3]], dtype=torch.int64)
+        signum, started, agreed = (int(value) for value in hosts.maximum(mine).tolist())
+        if signum and not self._values[3]:
+            self._values[2] = signum
+            self._values[3] = agreed or started + STOP_MARGIN_BATCHES
 
 
 #: The agreement of the spawn strategy's replicas on this host (``None`` outside a spawn launch).

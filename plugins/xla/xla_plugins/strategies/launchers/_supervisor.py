@@ -26,9 +26,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Optional
 
 import torch.multiprocessing as mp
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xla_plugins import _torch_xla_contract
 from xla_plugins.checkpoint_io import finish_pending_writes
+from xla_plugins.strategies import _stop_agreement
+from xla_plugins.strategies._stop_settings import exit_status
 from xla_plugins.strategies.launchers._failures import (
     WorkerDiedError,
     WorkerTraceback,
@@ -137,7 +140,7 @@ class _Supervisor:
                         pass
                     by_receiver.pop(worker.receiver, None)
                     if self._failure is None and not worker.finished:
-                        self._failure = (_died(worker), None)
+                        self._failure = (_stopped_past_the_deadline(worker) or _died(worker), None)
                 if self._failure is not None:
                     return
 
@@ -184,6 +187,24 @@ def _stop(workers: list[_Worker]) -> None:
     for worker in workers:
         worker.process.join()
         worker.receiver.close()
+
+
+def _stopped_past_the_deadline(worker: _Worker) -> Optional[BaseException]:
+    """Lightning's ``SIGTERMException`` with the stop's exit status, if ``worker`` ended with it during a stop.
+
+    A replica whose stop checkpoint misses ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` ends its worker with
+    the stop's status (128 + the signal) without reporting (the deadline cannot wait for the
+    replica); the main process then exits with that status too, as after a stop that wrote its
+    checkpoint, not as after a dead worker.
+    """
+    host_stop = _stop_agreement.host_stop
+    signum = host_stop.requested_signal() if host_stop is not None else None
+    if signum is None or worker.process.exitcode != exit_status(signum):
+        return None
+    status = exit_status(signum)
+    error = SIGTERMException(status)
+    error.code = status
+    return error
 
 
 def _died(worker: _Worker) -> WorkerDiedError:
