@@ -212,20 +212,26 @@ def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_pa
     assert [kind for kind, _ in writes.events] == ["start", "end", "start", "end"]
 
 
-@pytest.mark.parametrize("copy", ["host", "device", "auto"])  # auto: a device copy on PJRT CPU
-def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_copy_by_the_writer(
-    tmp_path, monkeypatch, copy
-):
+@pytest.fixture
+def transfers(monkeypatch) -> list[str]:
+    """Which thread made each transfer of XLA tensors to the host (torch_xla's one-transfer copy), in order."""
     from xla_plugins import _torch_xla_contract
 
-    transfers: list[str] = []
+    made: list[str] = []
     convert = _torch_xla_contract.convert_to_cpu
 
     def recorded(data):
-        transfers.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
+        made.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
         return convert(data)
 
     monkeypatch.setattr(_torch_xla_contract, "convert_to_cpu", recorded)
+    return made
+
+
+@pytest.mark.parametrize("copy", ["host", "device", "auto"])  # auto: a device copy on PJRT CPU
+def test_the_copy_to_the_host_is_made_by_the_training_thread_or_with_a_device_copy_by_the_writer(
+    tmp_path, transfers, copy
+):
     gate = threading.Event()
     io = BackgroundXLACheckpointIO(HeldWrites({0: gate}), copy=copy)
     import torch_xla
@@ -276,20 +282,10 @@ def test_device_copy_fits_next_to_the_peak_up_to_the_share_with_mocked_tpu_memor
 
 
 def test_the_default_copy_goes_to_the_host_when_the_device_has_no_room_with_mocked_tpu_memory_figures(
-    tmp_path, monkeypatch, caplog
+    tmp_path, monkeypatch, caplog, transfers
 ):
     import torch_xla
 
-    from xla_plugins import _torch_xla_contract
-
-    transfers: list[str] = []
-    convert = _torch_xla_contract.convert_to_cpu
-
-    def recorded(data):
-        transfers.append("training thread" if threading.current_thread() is threading.main_thread() else "writer")
-        return convert(data)
-
-    monkeypatch.setattr(_torch_xla_contract, "convert_to_cpu", recorded)
     io = BackgroundXLACheckpointIO()
     weights = torch.ones(1000, device=torch_xla.device())  # 4000 bytes
     mocked_tpu_memory(monkeypatch, peak_bytes_used=6000, bytes_limit=10_000)  # 6000 + 4000 > 9000

@@ -467,3 +467,29 @@ def test_on_several_hosts_this_hosts_signal_is_a_request_until_the_hosts_agree()
     assert stop.batch_started(2 + margin, other, several_hosts=True) == signal.SIGTERM
     follower.join(timeout=60)
     assert seen == [signal.SIGTERM]
+
+
+@pytest.mark.subprocess  # a fresh interpreter: torch_xla keeps one xla:// store a process (tox.ini)
+def test_the_worker_group_meets_on_torch_xlas_xla_store():
+    """The agreement's group of worker processes forms through torch_xla's own xla:// rendezvous (one process
+    here: on a pod every worker process of every host joins it), and its maximum is a real gloo all-reduce."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    code = textwrap.dedent(
+        """
+        import torch
+        from xla_plugins._world import World
+        from xla_plugins.strategies._stop_agreement import RENDEZVOUS, WorkerGroup
+
+        assert RENDEZVOUS == "xla://"
+        group = WorkerGroup(World(world_size=1, global_rank=0, local_rank=0, node_rank=0, num_nodes=1))
+        print(group.maximum(torch.tensor([15, 4, 0])).tolist())
+        """
+    )
+    environ = dict(os.environ, PJRT_DEVICE="CPU", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[15, 4, 0]"

@@ -96,6 +96,7 @@ class WorkerGroup:
 
     def __init__(self, world: World) -> None:
         import torch.distributed as dist
+        import torch_xla.distributed.xla_backend  # noqa: F401  registers the xla:// rendezvous
 
         store, _, _ = next(dist.rendezvous(RENDEZVOUS, rank=world.global_rank, world_size=world.world_size))
         prefixed = dist.PrefixStore(STORE_PREFIX, store)
