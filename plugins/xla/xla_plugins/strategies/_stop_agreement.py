@@ -33,6 +33,7 @@ runs). A signal therefore stops the run one batch after the batch in flight when
 from __future__ import annotations
 
 import contextlib
+import datetime
 import signal
 import threading
 from collections.abc import Iterator
@@ -79,6 +80,8 @@ STOP_MARGIN_BATCHES = 2
 RENDEZVOUS = "xla://"
 #: The prefix of the group's keys in that store.
 STORE_PREFIX = "xla_plugins/stop_agreement"
+#: How long the group's collectives wait for a worker process (torch.distributed's default, 30 minutes).
+GROUP_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 class WorkerGroup:
@@ -100,13 +103,14 @@ class WorkerGroup:
 
         store, _, _ = next(dist.rendezvous(RENDEZVOUS, rank=world.global_rank, world_size=world.world_size))
         prefixed = dist.PrefixStore(STORE_PREFIX, store)
-        self._group = dist.ProcessGroupGloo(prefixed, world.global_rank, world.world_size)
+        # torch's own ProcessGroupGloo bindings (their stubs lack allreduce); the timeout is torch.distributed's default
+        self._group: Any = dist.ProcessGroupGloo(prefixed, world.global_rank, world.world_size, GROUP_TIMEOUT)
 
     def maximum(self, values: Tensor) -> Tensor:
         """The element-wise maximum of ``values`` (a CPU tensor) over the worker processes; a collective."""
         import torch.distributed as dist
 
-        options = dist.AllreduceOptions()
+        options: Any = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
         self._group.allreduce([values], options).wait()
         return values
