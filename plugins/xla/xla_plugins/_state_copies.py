@@ -3,9 +3,9 @@
 The training thread changes the state in place at the next step, so a background write needs a
 copy the step does not touch: on the host (:func:`host_copy`, :func:`sharded_host_copy`; the step
 waits for the device-to-host transfer), or on the device (:func:`device_copy`; the step waits only
-until the copy is dispatched, the writer thread transfers it, and the device holds one more copy
-of the state until then). :func:`device_copy_fits` is the rule of the default, which copies on the
-device where the device has room for it.
+until the copy is dispatched, after any step still running; the writer thread transfers it, and
+the device holds one more copy of the state until then). :func:`device_copy_fits` is the rule of
+the default, which copies on the device where the device has room for it.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ def host_copy(checkpoint: Any) -> Any:
 
 
 def device_copy(checkpoint: Any) -> Any:
-    """A copy of ``checkpoint`` the training thread may keep changing, without waiting for the device.
+    """A copy of ``checkpoint`` the training thread may keep changing, without waiting for the transfer.
 
     Each XLA tensor is cloned on the device (``Tensor.clone``) and the clones are dispatched with
-    ``torch_xla.sync()`` (asynchronous: the call returns once the program is queued, after the
-    previous one on the device started); CPU tensors are cloned. Hand the result to
+    ``torch_xla.sync()``, which returns once the copy is queued; torch_xla queues it only after the
+    program still running on the device (a step in flight) has ended, so the call waits for that
+    (measured: benchmarks/checkpoint.py). CPU tensors are cloned. Hand the result to
     :func:`host_copy` on another thread, which waits for the clones and transfers them.
     """
     import torch_xla

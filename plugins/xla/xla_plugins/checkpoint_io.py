@@ -237,17 +237,18 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
     wrapped plugin's ``write`` (default :class:`AtomicXLACheckpointIO`). With ``copy="host"`` the
     calling thread copies it to the host (:func:`host_copy`: the step waits for the step still
     running on the device, then for the transfer). With ``copy="device"`` it only dispatches a copy
-    on the device (:func:`device_copy`) and the writer thread makes the host copy, so the step waits
-    for neither, and the device holds a second copy of the state until the writer has transferred
-    it. ``copy="auto"`` (the default) takes the device copy where it fits, at each save
-    (:func:`device_copy_fits`: on PJRT CPU always, elsewhere by torch_xla's memory figures), else
-    the host copy, and logs the first save that falls back to the host. ``save_sharded`` does the
-    same for a sharded checkpoint, always copying to the host (:func:`sharded_host_copy`, then the
-    wrapped plugin's ``write_sharded``). ``load_checkpoint``,
-    ``remove_checkpoint`` and ``teardown`` wait for the write in flight first (so ``trainer.fit``
-    returns after the last write: Lightning tears the strategy's checkpoint IO down at the end of
-    ``fit``); a save after ``teardown`` starts a new writer; the interpreter's normal exit waits too
-    (:func:`_finish_at_exit`). An error of a write is raised by the next call that waits.
+    on the device (:func:`device_copy`, which still waits for a step running on the device) and the
+    writer thread makes the host copy, so the step does not wait for the transfer, and the device
+    holds a second copy of the state until the writer has transferred it. ``copy="auto"`` (the
+    default) takes the device copy where it fits, at each save (:func:`device_copy_fits`: on PJRT
+    CPU always, elsewhere by torch_xla's memory figures), else the host copy, and logs the first
+    save that falls back to the host. ``save_sharded`` does the same for a sharded checkpoint,
+    always copying to the host (:func:`sharded_host_copy`, then the wrapped plugin's
+    ``write_sharded``). ``load_checkpoint``, ``remove_checkpoint`` and ``teardown`` wait for the
+    write in flight first (so ``trainer.fit`` returns after the last write: Lightning tears the
+    strategy's checkpoint IO down at the end of ``fit``); a save after ``teardown`` starts a new
+    writer; the interpreter's normal exit waits too (:func:`_finish_at_exit`). An error of a write
+    is raised by the next call that waits.
 
     Args:
         checkpoint_io: the plugin that writes; it needs a ``write(checkpoint, path)`` method taking
