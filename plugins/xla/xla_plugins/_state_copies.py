@@ -71,9 +71,11 @@ def device_copy_fits(checkpoint: Any) -> bool:
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
 
+    if xr.device_type() == "CPU":
+        return True
     tensors: list[Tensor] = []
     apply_to_collection(checkpoint, Tensor, lambda t: tensors.append(t) if t.device.type == "xla" else None)
-    if not tensors or xr.device_type() == "CPU":
+    if not tensors:
         return True
     try:
         info = xm.get_memory_info(tensors[0].device)

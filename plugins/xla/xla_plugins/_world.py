@@ -168,7 +168,11 @@ def one_rank_per_process(figures: RuntimeFigures) -> World:
 def leads_its_process(figures: RuntimeFigures) -> bool:
     """Whether the replica of ``figures`` is the first its worker process drives: its ``local_ordinal`` is a
     multiple of ``addressable_device_count`` (``torch_xla.runtime.local_ordinal`` is the process's local rank
-    times its device count plus the device's index)."""
+    times its device count plus the device's index).
+
+    Raises:
+        ValueError: inconsistent figures (see :func:`check_figures`).
+    """
     f = check_figures(figures)
     return f.local_ordinal % f.addressable_device_count == 0
 

@@ -160,7 +160,7 @@ class SavesCheckpointOnStop:
             self._spawn_spans_hosts = self.num_nodes > 1  # type: ignore[attr-defined]
             if self._spawn_spans_hosts:
                 _stop_agreement.host_stop.spans_hosts()
-            self._spawn_hosts = _stop_agreement.spawn_hosts()
+                self._spawn_hosts = _stop_agreement.spawn_hosts()
             return
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only; Lightning's handler stays

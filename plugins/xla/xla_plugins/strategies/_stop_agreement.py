@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from xla_plugins import _runtime
 from xla_plugins._logging import log
-from xla_plugins._world import World, leads_its_process, one_rank_per_process, one_replica_per_device
+from xla_plugins._world import World, leads_its_process, one_rank_per_process
 from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s
 
 if TYPE_CHECKING:
@@ -95,6 +95,10 @@ class WorkerGroup:
 
     Args:
         world: the worker process's :class:`~xla_plugins._world.World` (one rank per process).
+
+    Raises:
+        RuntimeError: the rendezvous failed or timed out (torch.distributed's error), or, in
+            :meth:`maximum`, a worker process left the group (gloo's error).
     """
 
     def __init__(self, world: World) -> None:
@@ -117,14 +121,18 @@ class WorkerGroup:
 
 
 def spawn_hosts() -> Optional[WorkerGroup]:
-    """For a replica of the spawn strategy that leads its worker process on several hosts: its :class:`WorkerGroup`.
+    """For a replica of the spawn strategy on several hosts: its :class:`WorkerGroup` if it leads its worker process.
 
-    ``None`` on one host and for the other replicas of a process. Called by every replica (in its
-    own thread: the runtime figures are the thread's) when training starts; the leading replicas of
-    all worker processes form the group together.
+    ``None`` for the other replicas of a process. Called by every replica of a run on several hosts
+    (in its own thread: the runtime figures are the thread's) when training starts; the leading
+    replicas of all worker processes form the group together.
+
+    Raises:
+        ValueError: inconsistent runtime figures (:func:`~xla_plugins._world.check_figures`).
+        RuntimeError: the group's rendezvous failed (torch.distributed's error).
     """
     figures = _runtime.runtime_figures()
-    if one_replica_per_device(figures).num_nodes == 1 or not leads_its_process(figures):
+    if not leads_its_process(figures):
         return None
     return WorkerGroup(one_rank_per_process(figures))
 

@@ -201,10 +201,7 @@ def _stopped_past_the_deadline(worker: _Worker) -> Optional[BaseException]:
     signum = host_stop.requested_signal() if host_stop is not None else None
     if signum is None or worker.process.exitcode != exit_status(signum):
         return None
-    status = exit_status(signum)
-    error = SIGTERMException(status)
-    error.code = status
-    return error
+    return SIGTERMException(exit_status(signum))  # a SystemExit: its code is the status
 
 
 def _died(worker: _Worker) -> WorkerDiedError:
