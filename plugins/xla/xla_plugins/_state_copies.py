@@ -38,7 +38,7 @@ def device_copy(checkpoint: Any) -> Any:
     Each XLA tensor is cloned on the device (``Tensor.clone``) and the clones are dispatched with
     ``torch_xla.sync()``, which returns once the copy is queued; torch_xla queues it only after the
     program still running on the device (a step in flight) has ended, so the call waits for that
-    (measured: benchmarks/checkpoint.py). CPU tensors are cloned. Hand the result to
+    (measured: docs/performance.md, "Checkpoint stall"). CPU tensors are cloned. Hand the result to
     :func:`host_copy` on another thread, which waits for the clones and transfers them.
     """
     import torch_xla
