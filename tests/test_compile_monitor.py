@@ -8,6 +8,7 @@ of a process, so a graph compiled by an earlier fit in the same process would no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.xla
 
@@ -210,6 +212,82 @@ def test_the_report_text_is_the_same_on_single_xla_xla_spmd_and_xla_fsdp_v2(tmp_
     assert reports["xla_spmd"] == reports["single_xla"]
     assert reports["xla_fsdp_v2"] == reports["single_xla"]
     assert reports["single_xla"].startswith(MONITOR)
+
+
+@pytest.mark.slow  # 4 devices: primary tox cell only (tox.ini)
+def test_replica_threads_of_one_process_report_only_their_own_causes_and_rank_0_logs_one_summary(tmp_path):
+    # the spawn strategy on PJRT CPU: one worker process, a replica thread per device; each thread's
+    # monitor sees the other threads' compilations in torch_xla's counters (before the rule, two
+    # "late compilation" reports of validation graphs the other threads compiled a phase apart)
+    result = run(FIT, "--trigger", "item", "--strategy", "xla", "--root", str(tmp_path), devices=4)
+    assert result.returncode == 0, result.stderr[-4000:]
+    output = result.stdout + result.stderr
+    # Python prints each warning after its file and line; the workers' warnings are printed, each text once
+    reports = [line[line.index(MONITOR) :] for line in output.splitlines() if MONITOR in line]
+    assert reports, output[-4000:]
+    assert all(line.startswith(f"{MONITOR} host read in training_step (") for line in reports), reports
+    assert "`if loss.item() > 100:`" in output
+    summaries = [line for line in output.splitlines() if line.startswith(MONITOR[:-1] + " (fit): ")]
+    assert len(summaries) == 1, summaries  # global rank 0's, not one a replica thread
+    assert " 0 late; " in summaries[0]
+    assert "  4 replica threads share this process and torch_xla's counters" in output
+
+
+@pytest.mark.parametrize(("world_size", "reported"), [(1, 1), (4, 0)])
+def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_reported_only_where_no_replica_shares_it(
+    world_size, reported
+):
+    # torch_xla's compile counter stood in for (a thread of another replica cannot be timed to compile
+    # in a given phase): it moves in the 1st validation step (its graph) and in the 4th, shapes seen before:
+    # on one replica that is its own late graph; with 4 replica threads in the process perhaps another
+    # thread's compilation of its own graph
+    from types import SimpleNamespace
+
+    from xla_plugins._world import RuntimeFigures
+    from xla_plugins.compile_monitor import CompileMonitor
+    from xla_plugins.testing import simulated_runtime
+
+    trainer = SimpleNamespace(
+        world_size=world_size,
+        is_global_zero=True,
+        lightning_module=None,
+        callbacks=[],
+        state=SimpleNamespace(stage=None),
+    )
+    monitor = CompileMonitor("warn")
+    with simulated_runtime(lambda: RuntimeFigures(1, 0, 1, world_size, world_size)):
+        monitor._start_run(trainer)
+    compilations = [0]
+    monitor._counter_value = lambda name: compilations[0]
+    monitor._metric_data = lambda name: (1, 0.0)
+    monitor._compilations = 0
+    action = "[Strategy]XLAStrategy.validation_step"
+    with pytest.warns() if reported else contextlib.nullcontext():
+        for call in range(4):
+            monitor._on_batch("validation", torch.zeros(1, 5))
+            monitor.enter(action)
+            compilations[0] += call in (0, 3)  # the first step's own graph, then one past the warm-up
+            monitor.leave(action)
+    assert len(monitor.reports) == reported
+    assert monitor.phases[action].counts.compilations == 2  # counted either way
+    assert monitor.replica_threads == world_size
+
+
+def test_replica_threads_are_the_ranks_a_process_holds():
+    from xla_plugins._world import RuntimeFigures
+    from xla_plugins.compile_monitor import replica_threads
+    from xla_plugins.testing import simulated_runtime
+
+    def figures(processes: int, devices_each: int) -> RuntimeFigures:
+        return RuntimeFigures(processes, 0, processes, processes * devices_each, devices_each)
+
+    assert replica_threads(1) == 1  # single_xla, and the SPMD strategies on one host: no figures read
+    with simulated_runtime(lambda: figures(1, 4)):
+        assert replica_threads(4) == 4  # the spawn strategy on PJRT CPU: one process, a thread per device
+    with simulated_runtime(lambda: figures(4, 2)):
+        assert replica_threads(8) == 2  # TPU v3-8: a process per chip, a thread per core
+    with simulated_runtime(lambda: figures(4, 1)):
+        assert replica_threads(4) == 1  # a process per device (TPU v4 and later)
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)

@@ -3,8 +3,11 @@ tests/test_compile_monitor.py.
 
     python compile_monitor_fit.py --trigger none|padding|item|callback-print [--strategy S] [--recompiles B]
 
-On several devices (``xla_spmd``, ``xla_fsdp_v2``) the data grow with the device count, so every
-strategy trains the same number of steps on per-device batches of 1.
+On several devices (``xla_spmd``, ``xla_fsdp_v2``, and ``xla``, the spawn strategy, whose workers
+run one replica thread per device on PJRT CPU through tests/xla_cpu_harness.py) the data grow with
+the device count, so every strategy trains the same number of steps on per-device batches of 1.
+With ``xla`` the JSON line comes from the main process, which holds no monitor: the workers'
+reports (Python's warnings, each text once) and summary are in their output (stderr).
 
 ``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
 longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
@@ -19,7 +22,10 @@ Prints one JSON line: the monitor's reports and summary, torch_xla's counter del
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import sys
 import warnings
 
 import lightning as L
@@ -118,6 +124,12 @@ def main() -> None:
         from xla_plugins.strategies.single_xla import SingleDeviceXLAStrategy as Strategy
     elif args.strategy == "xla_fsdp_v2":
         from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy as Strategy
+    elif args.strategy == "xla":
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import xla_cpu_harness
+
+        xla_cpu_harness.install()
+        from xla_plugins.strategies.xla import XLAStrategy as Strategy
     else:
         from xla_plugins.strategies.xla_spmd import XLASPMDStrategy as Strategy
     strategy = Strategy(recompiles=args.recompiles) if args.recompiles else args.strategy
@@ -134,8 +146,11 @@ def main() -> None:
     )
     before = read_counters()
     error = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    # the spawn strategy's workers would inherit the recording (a fork) and keep their reports to themselves
+    recording = warnings.catch_warnings(record=True) if args.strategy != "xla" else contextlib.nullcontext([])
+    with recording as caught:
+        if args.strategy != "xla":
+            warnings.simplefilter("always")
         try:
             trainer.fit(
                 Model(args.trigger),

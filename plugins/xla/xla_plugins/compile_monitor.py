@@ -37,9 +37,17 @@ wrapped read methods and the user's line of a read: :mod:`xla_plugins.host_reads
 cause of a late compilation, the report's and the summary's text: :mod:`xla_plugins.compile_reports`;
 the budget (``XLA_PLUGINS_RECOMPILES``: ``warn``/``error``/``off``): :mod:`xla_plugins.recompile_budget`.
 
-**Summary.** When the run ends (the ``teardown`` hook), ``rank_zero_info`` lines give compilations
-and compile seconds per phase, the late compilations and the host reads per step;
-:attr:`CompileMonitor.summary` holds the same numbers.
+**Replica threads.** Where one process drives several devices with one replica thread each (the
+spawn strategy ``xla`` on PJRT CPU, and on TPU v2/v3, whose processes drive two cores), each
+replica has its own monitor, but torch_xla's counters are the process's: a monitor also sees the
+compilations of the other replicas, which compile the same graphs for their own devices, a phase
+earlier or later. So there a late compilation is reported only where its cause is the replica's
+own (new input shapes of its own batches); host reads are counted by the thread that reads, and
+reported as everywhere (see :func:`replica_threads`).
+
+**Summary.** When the run ends (the ``teardown`` hook), global rank 0 logs compilations and
+compile seconds per phase, the late compilations and the host reads per step (to Lightning's
+``rank_zero_info`` logger); :attr:`CompileMonitor.summary` holds the same numbers on every rank.
 """
 
 from __future__ import annotations
@@ -49,13 +57,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
-from lightning.fabric.utilities.rank_zero import rank_zero_info
+import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
 from trainer_plugins import wrap_innermost_profiler
-from xla_plugins import _torch_xla_contract, compile_cache
+from xla_plugins import _runtime, _torch_xla_contract, compile_cache
 from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
 from xla_plugins.loop_phases import Counts, Phase, PhaseProfiler, read_counters
@@ -83,6 +91,25 @@ _STEP_OF_LOOP = {
 }
 
 
+def replica_threads(world_size: int) -> int:
+    """How many replicas of a run of ``world_size`` ranks share this process, and so torch_xla's counters.
+
+    The ranks a process holds: ``world_size`` over torch_xla's ``process_count``. 1 for
+    ``single_xla`` and the SPMD strategies (one rank a process), and for the spawn strategy where
+    each process drives one device (TPU v4 and later); the devices of a process where it drives
+    several, one replica thread each (PJRT CPU, TPU v2/v3).
+
+    Args:
+        world_size: the run's ranks (the strategy's ``world_size``).
+
+    Raises:
+        RuntimeError: the PJRT runtime cannot be read (see :func:`~xla_plugins._runtime.runtime_figures`).
+    """
+    if world_size <= 1:
+        return 1
+    return max(1, world_size // _runtime.runtime_figures().process_count)
+
+
 class CompileMonitor(Callback):
     """Counts compilations and host reads per phase; reports late ones; prints a summary at the run's end.
 
@@ -102,6 +129,10 @@ class CompileMonitor(Callback):
     def _start_run(self, trainer: Any) -> None:
         """Start counting a run of ``trainer`` (a Trainer, or the Fabric strategy; ``None``: not yet)."""
         self._trainer = trainer
+        #: the replicas whose compilations torch_xla's counters of this process add up (:func:`replica_threads`)
+        self.replica_threads = 1 if trainer is None else replica_threads(trainer.world_size)
+        # read now, inside the launched run: Lightning's XLA strategies report rank 0 again after their teardown
+        self._global_zero = True if trainer is None else bool(trainer.is_global_zero)
         self.phases: dict[str, Phase] = {}
         self.reports: list[str] = []
         self._stack: list[Phase] = []
@@ -179,6 +210,8 @@ class CompileMonitor(Callback):
                 self._report(phase, ("read", read[0], line), delta, read_cause(read[0]), line)
                 return
         if delta.compilations:
+            if self.replica_threads > 1 and not new_shapes:
+                return  # perhaps another replica thread's compilation of its own graph: whose is not known
             phase.late_compilations += delta.compilations
             step_hook = self._step_of_phase(phase)
             if new_shapes:
@@ -269,8 +302,7 @@ class CompileMonitor(Callback):
         unwrap_reads()
         PhaseProfiler.unwrap(trainer)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
-        for line in summary_lines(self.summary):
-            rank_zero_info(line)
+        self._log_summary()
         compile_cache.warn_if_unreadable()
         self._trainer = None
 
@@ -279,10 +311,22 @@ class CompileMonitor(Callback):
         unwrap_reads()
         PhaseProfiler.unwrap(trainer)
 
+    def _log_summary(self) -> None:
+        """Log :attr:`summary`'s lines if this replica is global rank 0 (its strategy's own rank, read at the start).
+
+        Not through ``rank_zero_info``: replicas that are threads of one process share Lightning's
+        ``rank_zero_only.rank``, which holds whichever replica set it last. The lines go to the
+        logger ``rank_zero_info`` writes to (Lightning configures it).
+        """
+        if self._global_zero:
+            for line in summary_lines(self.summary):
+                rank_zero_module.log.info(line)
+
     def _summarize(self, stage: str) -> dict[str, Any]:
         steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
         phases = [*self.phases.values(), self._outside]
-        return run_summary(stage, phases, steps, len(self.reports), self._first, read_counters())
+        summary = run_summary(stage, phases, steps, len(self.reports), self._first, read_counters())
+        return {**summary, "replica_threads": self.replica_threads}
 
 
 def install(trainer: Any) -> Optional[CompileMonitor]:
@@ -333,4 +377,5 @@ __all__ = [
     "check_budget",
     "install",
     "read_counters",
+    "replica_threads",
 ]

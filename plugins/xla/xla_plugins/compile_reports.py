@@ -139,6 +139,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
         f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
     )
+    threads = summary.get("replica_threads", 1)
+    if threads > 1:
+        lines.append(
+            f"  {threads} replica threads share this process and torch_xla's counters: the counts are all of theirs,"
+            " each phase's those seen while this replica ran it; a compilation is reported late only for new input"
+            " shapes"
+        )
     cache = summary.get("persistent_cache")
     if cache is not None:
         lines.append(

@@ -33,13 +33,10 @@ import threading
 import weakref
 from typing import Any, Optional
 
-import lightning_utilities.core.rank_zero as rank_zero_module
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from xla_plugins import compile_cache
 from xla_plugins.compile_monitor import CompileMonitor
-from xla_plugins.compile_reports import summary_lines
 from xla_plugins.host_reads import OWN, line_text, unwrap_reads, user_frame, wrap_reads
 from xla_plugins.loop_phases import FABRIC, Phase
 from xla_plugins.recompile_budget import budget
@@ -68,7 +65,6 @@ class FabricCompileMonitor(CompileMonitor):
     def __init__(self, budget: str, strategy: Any) -> None:
         super().__init__(budget)
         self._start_run(weakref.proxy(strategy))
-        self._strategy = weakref.ref(strategy)
         self._step_open = False
         #: (file, line) of the user's call of the module's forward that opened the current step
         self._step_line: Optional[tuple[str, int]] = None
@@ -116,14 +112,8 @@ class FabricCompileMonitor(CompileMonitor):
         if not self._finished:
             self._finished = True
             unwrap_reads()
-            strategy = self._strategy()
-            counted = self.summary["steps"] or self.summary["compilations"]
-            global_zero = strategy.is_global_zero if strategy is not None else getattr(rank_zero_only, "rank", 0) == 0
-            if counted and global_zero:
-                # the strategy's own rank decides: replicas that are threads of one process share
-                # Lightning's rank_zero_only.rank, which holds whichever replica set it last
-                for line in summary_lines(self.summary):
-                    rank_zero_module.log.info(line)  # where rank_zero_info writes (Lightning sets the logger)
+            if self.summary["steps"] or self.summary["compilations"]:
+                self._log_summary()
             compile_cache.warn_if_unreadable()
         return self.summary
 
