@@ -325,8 +325,7 @@ class CompileMonitor(Callback):
     def _summarize(self, stage: str) -> dict[str, Any]:
         steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
         phases = [*self.phases.values(), self._outside]
-        summary = run_summary(stage, phases, steps, len(self.reports), self._first, read_counters())
-        return {**summary, "replica_threads": self.replica_threads}
+        return run_summary(stage, phases, steps, len(self.reports), self._first, read_counters(), self.replica_threads)
 
 
 def install(trainer: Any) -> Optional[CompileMonitor]:

@@ -82,7 +82,7 @@ Totals = tuple[int, float, int]  # torch_xla's (compilations, compile seconds, t
 
 
 def run_summary(
-    stage: str, phases: list[Phase], steps: int, reports: int, first: Totals, last: Totals
+    stage: str, phases: list[Phase], steps: int, reports: int, first: Totals, last: Totals, replica_threads: int
 ) -> dict[str, Any]:
     """The run's summary (``CompileMonitor.summary``): totals from torch_xla's counters, then the phases' counts.
 
@@ -93,6 +93,8 @@ def run_summary(
         reports: the causes reported.
         first: :func:`~xla_plugins.loop_phases.read_counters` when the run started.
         last: the same, now.
+        replica_threads: the replicas whose compilations the counters add up
+            (:func:`~xla_plugins.compile_monitor.replica_threads`).
     """
     phases = [p for p in phases if p.counts]
     tensor_reads = sum(p.counts.host_reads for p in phases)
@@ -107,6 +109,7 @@ def run_summary(
         "reports": reports,
         "steps": steps,
         "host_reads_in_steps": sum(p.counts.host_reads for p in phases if p.in_step),
+        "replica_threads": replica_threads,
         "phases": {
             p.label: {
                 "calls": p.calls,
@@ -139,7 +142,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
         f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
     )
-    threads = summary.get("replica_threads", 1)
+    threads = summary["replica_threads"]
     if threads > 1:
         lines.append(
             f"  {threads} replica threads share this process and torch_xla's counters: the counts are all of theirs,"
