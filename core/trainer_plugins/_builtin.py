@@ -1,5 +1,8 @@
 """The built-in plugin: Lightning's own accelerators, strategies, precisions and environments.
 
+It also declares the environments of :mod:`trainer_plugins.environments` (:data:`HOST_ENVIRONMENTS`),
+which read TPU VMs' and schedulers' variables.
+
 It only *declares* Lightning's names (statically, so listing them imports nothing) so that plugins
 cannot shadow them by accident; it makes no decisions. Where no plugin answers, the connector
 falls back to Lightning's own rules. ``tests/test_builtin.py`` keeps this table equal to Lightning's
@@ -126,6 +129,17 @@ ENVIRONMENTS = tuple(
     )
 )
 
+#: The environments read from TPU VMs' and schedulers' variables (:mod:`trainer_plugins.environments`),
+#: in the order the connector detects them: after Lightning's launchers, before the accelerator's plugin.
+HOST_ENVIRONMENTS = tuple(
+    EnvironmentEntry(name, trainer=f"trainer_plugins.environments:{cls}", fabric=f"trainer_plugins.environments:{cls}")
+    for name, cls in (
+        ("tpu_vm", "TPUVMEnvironment"),
+        ("indexed_job", "IndexedJobEnvironment"),
+        ("skypilot", "SkyPilotEnvironment"),
+    )
+)
+
 
 @hookimpl
 def trainer_plugins_accelerators() -> tuple[AcceleratorEntry, ...]:
@@ -144,7 +158,7 @@ def trainer_plugins_precisions() -> tuple[PrecisionEntry, ...]:
 
 @hookimpl
 def trainer_plugins_environments() -> tuple[EnvironmentEntry, ...]:
-    return ENVIRONMENTS
+    return ENVIRONMENTS + HOST_ENVIRONMENTS
 
 
 @hookimpl
