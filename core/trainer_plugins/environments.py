@@ -71,28 +71,31 @@ class HostLayout:
         node_rank: this host's index among all hosts, ``0 <= node_rank < num_nodes``.
         num_nodes: the number of hosts, or ``None`` where the scheduler does not say (an Indexed
             Job: the Trainer's ``num_nodes`` counts).
-        main_address: host name or IP address of node 0.
+        main_address: host name or IP address of node 0, or ``None`` where the variables do not say.
         index_in_job: this host's index in its scheduler's job (``TPU_WORKER_ID``,
             ``JOB_COMPLETION_INDEX``, ``SKYPILOT_NODE_RANK``): what schedulers must agree on.
         slice_id: the TPU slice of this host (0 without multislice).
         num_slices: the number of slices (1 without multislice).
         variables: the variables read, name -> value, in the order read.
+        missing: why ``main_address`` is ``None`` and how to give it (an error message).
     """
 
     node_rank: int
     num_nodes: Optional[int]
-    main_address: str
+    main_address: Optional[str]
     index_in_job: int
     slice_id: int = 0
     num_slices: int = 1
     variables: Mapping[str, str] = field(default_factory=dict)
+    missing: str = ""
 
     def describe(self) -> str:
         """The variables read and what they gave, for :func:`trainer_plugins.explain`."""
         read = ", ".join(f"{name}={value!r}" for name, value in self.variables.items())
         count = f" of {self.num_nodes}" if self.num_nodes is not None else ""
         slices = f", slice {self.slice_id} of {self.num_slices}" if self.num_slices > 1 else ""
-        return f"read {read}: node_rank {self.node_rank}{count}, main address {self.main_address}{slices}"
+        address = self.main_address or "unknown"
+        return f"read {read}: node_rank {self.node_rank}{count}, main address {address}{slices}"
 
 
 def _present(environ: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
@@ -205,32 +208,43 @@ def read_indexed_job(
         environ: the variables.
         domain_of: host name -> the pod's domain under its headless service, or ``None``.
 
+    Returns:
+        The layout; its ``main_address`` is ``None`` (``missing`` says why) when neither
+        ``MASTER_ADDR`` nor a host name ``<job>-<index>`` under a headless service gives it (on GKE's
+        TPU pods ``TPU_WORKER_HOSTNAMES`` does; :class:`IndexedJobEnvironment` raises).
+
     Raises:
-        ValueError: the index is not an integer; no main address: neither ``MASTER_ADDR`` nor a
-            host name ``<job>-<index>`` under a headless service.
+        ValueError: the index is not an integer.
     """
     job = _present(environ, INDEXED_JOB_VARIABLES)
     if not job:
         return None
     index = _integer(job, "JOB_COMPLETION_INDEX")
     variables = dict(job)
-    if "MASTER_ADDR" in environ:
-        variables["MASTER_ADDR"] = main_address = environ["MASTER_ADDR"]
+    main_address: Optional[str] = environ.get("MASTER_ADDR")
+    missing = ""
+    if main_address is not None:
+        variables["MASTER_ADDR"] = main_address
     else:
-        hostname = environ.get("HOSTNAME", "")
+        variables["HOSTNAME"] = hostname = environ.get("HOSTNAME", "")
         suffix = f"-{index}"
         domain = domain_of(hostname) if hostname.endswith(suffix) else None
-        if domain is None:
-            raise ValueError(
+        if domain is not None:
+            main_address = f"{hostname[: -len(suffix)]}-0.{domain}"
+        else:
+            missing = (
                 f"JOB_COMPLETION_INDEX={job['JOB_COMPLETION_INDEX']!r} gives the node rank but not node 0's address:"
                 f" HOSTNAME={hostname!r} is not '<job name>{suffix}' under a headless service. Set MASTER_ADDR"
                 " to index 0's pod (e.g. '<job name>-0.<headless service>'), or give the pod template"
                 " `subdomain: <headless service>`."
             )
-        variables["HOSTNAME"] = hostname
-        main_address = f"{hostname[: -len(suffix)]}-0.{domain}"
     return HostLayout(
-        node_rank=index, num_nodes=None, main_address=main_address, index_in_job=index, variables=variables
+        node_rank=index,
+        num_nodes=None,
+        main_address=main_address,
+        index_in_job=index,
+        variables=variables,
+        missing=missing,
     )
 
 
@@ -340,7 +354,10 @@ class HostEnvironment(ClusterEnvironment):
         if layout is None:
             names = ", ".join(_variables_of(self.scheduler))
             raise ValueError(f"{type(self).__name__} needs its variables ({names}); none is set.")
+        if layout.main_address is None:
+            raise ValueError(layout.missing)
         self.layout = layout
+        self._main_address: str = layout.main_address
         self._main_port = int(os.environ.get("MASTER_PORT", DEFAULT_MAIN_PORT))
         self._global_rank = 0
         self._world_size = 1
@@ -361,7 +378,7 @@ class HostEnvironment(ClusterEnvironment):
 
     @property
     def main_address(self) -> str:
-        return self.layout.main_address
+        return self._main_address
 
     @property
     def main_port(self) -> int:
