@@ -249,3 +249,4 @@ def test_the_trainer_picks_the_tpu_vm_environment_and_leaves_the_variables_as_th
     assert type(environment) is TPUVMEnvironment
     assert (environment.node_rank(), environment.main_address, trainer.node_rank) == (1, "a", 1)
     assert dict(os.environ) == before
+
