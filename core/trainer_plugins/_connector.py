@@ -176,17 +176,19 @@ class Connector:
         return environment
 
     def _host_environment(self) -> Optional[Any]:
-        """The first host environment whose ``detect()`` is true, or ``None`` (also where a Lightning launcher's applies)."""
+        """The first host environment whose ``detect()`` is true, or ``None`` (also where a Lightning launcher's applies).
+
+        Lightning's launchers are asked only where host variables are set (MPI's ``detect()`` starts MPI).
+        """
+        claims = (self.catalog.claims["environment"].get(entry.name) for entry in HOST_ENVIRONMENTS)
+        detected = [claim for claim in claims if claim is not None and claim.load(self.api, self.package).detect()]
+        if not detected:
+            return None
         if resolve_in("trainer_plugins.environments:launcher_variables", self.package)() is not None:
             return None
-        for entry in HOST_ENVIRONMENTS:
-            claim = self.catalog.claims["environment"].get(entry.name)
-            if claim is None or not claim.load(self.api, self.package).detect():
-                continue
-            environment = claim.build(self.api, self.package)
-            self.note("environment", environment, "trainer-plugins", environment.describe())
-            return environment
-        return None
+        environment = detected[0].build(self.api, self.package)
+        self.note("environment", environment, "trainer-plugins", environment.describe())
+        return environment
 
     # --- strategy --------------------------------------------------------------------------------
 
