@@ -153,7 +153,7 @@ class Connector:
         The order: the pin; Lightning's launchers' environments, left to Lightning's own detection
         (:func:`trainer_plugins.environments.launcher_variables`: torchrun, SLURM, LSF, MPI,
         ``LightningEnvironment``'s and ``KubeflowEnvironment``'s variables) unless the accelerator's
-        plugin answers; the first of :data:`~trainer_plugins._builtin.HOST_ENVIRONMENTS` whose
+        plugin answers; the first of ``trainer_plugins._builtin.HOST_ENVIRONMENTS`` whose
         variables are set (TPU VM, Indexed Job, SkyPilot); the accelerator's plugin
         (``trainer_plugins_select_environment``, e.g. the XLA plugin's ``XLAEnvironment``).
 
