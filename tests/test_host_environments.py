@@ -222,7 +222,8 @@ def test_an_environment_given_by_the_user_wins(host):
 
 def test_explain_names_the_environment_and_the_variables_read(host):
     host({**MULTISLICE, "MASTER_PORT": "1234"})
-    (decision,) = [d for d in trainer_plugins.explain(accelerator="cpu", devices=1, num_nodes=4) if d.role == "environment"]
+    explanation = trainer_plugins.explain(accelerator="cpu", devices=1, num_nodes=4)
+    (decision,) = [d for d in explanation if d.role == "environment"]
     assert decision.choice == "tpu_vm (trainer_plugins.environments.TPUVMEnvironment)"
     for text in ("TPU_WORKER_ID='1'", "MEGASCALE_SLICE_ID='1'", "node_rank 3 of 4", "main address s0-0.job", "1234"):
         assert text in decision.reason
@@ -249,4 +250,3 @@ def test_the_trainer_picks_the_tpu_vm_environment_and_leaves_the_variables_as_th
     assert type(environment) is TPUVMEnvironment
     assert (environment.node_rank(), environment.main_address, trainer.node_rank) == (1, "a", 1)
     assert dict(os.environ) == before
-

@@ -115,29 +115,30 @@ PRECISIONS = (
     ),
 )
 
-_ENV = "lightning.fabric.plugins.environments"
-ENVIRONMENTS = tuple(
-    EnvironmentEntry(name, trainer=f"{_ENV}:{cls}", fabric=f"{_ENV}:{cls}")
-    for name, cls in (
-        ("lightning", "LightningEnvironment"),
-        ("torchelastic", "TorchElasticEnvironment"),
-        ("slurm", "SLURMEnvironment"),
-        ("lsf", "LSFEnvironment"),
-        ("mpi", "MPIEnvironment"),
-        ("kubeflow", "KubeflowEnvironment"),
-        ("xla", "XLAEnvironment"),
-    )
+
+def _environments(module: str, *names: tuple[str, str]) -> tuple[EnvironmentEntry, ...]:
+    """Entries for the environment classes of ``module`` (name, class), the same class for both apis."""
+    return tuple(EnvironmentEntry(name, trainer=f"{module}:{cls}", fabric=f"{module}:{cls}") for name, cls in names)
+
+
+ENVIRONMENTS = _environments(
+    "lightning.fabric.plugins.environments",
+    ("lightning", "LightningEnvironment"),
+    ("torchelastic", "TorchElasticEnvironment"),
+    ("slurm", "SLURMEnvironment"),
+    ("lsf", "LSFEnvironment"),
+    ("mpi", "MPIEnvironment"),
+    ("kubeflow", "KubeflowEnvironment"),
+    ("xla", "XLAEnvironment"),
 )
 
 #: The environments read from TPU VMs' and schedulers' variables (:mod:`trainer_plugins.environments`),
 #: in the order the connector detects them: after Lightning's launchers, before the accelerator's plugin.
-HOST_ENVIRONMENTS = tuple(
-    EnvironmentEntry(name, trainer=f"trainer_plugins.environments:{cls}", fabric=f"trainer_plugins.environments:{cls}")
-    for name, cls in (
-        ("tpu_vm", "TPUVMEnvironment"),
-        ("indexed_job", "IndexedJobEnvironment"),
-        ("skypilot", "SkyPilotEnvironment"),
-    )
+HOST_ENVIRONMENTS = _environments(
+    "trainer_plugins.environments",
+    ("tpu_vm", "TPUVMEnvironment"),
+    ("indexed_job", "IndexedJobEnvironment"),
+    ("skypilot", "SkyPilotEnvironment"),
 )
 
 

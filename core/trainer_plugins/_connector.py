@@ -148,7 +148,7 @@ class Connector:
     # --- environment -----------------------------------------------------------------------------
 
     def choose_environment(self, accelerator: Any) -> Optional[Any]:
-        """The cluster environment from the pin, the hosts' variables or the plugins, or ``None`` for Lightning's detection.
+        """The cluster environment from the pin, the hosts' variables or a plugin; ``None``: Lightning detects it.
 
         The order: the pin; Lightning's launchers' environments, left to Lightning's own detection
         (:func:`trainer_plugins.environments.launcher_variables`: torchrun, SLURM, LSF, MPI,
@@ -176,7 +176,7 @@ class Connector:
         return environment
 
     def _host_environment(self) -> Optional[Any]:
-        """The first host environment whose ``detect()`` is true, or ``None`` (also where a Lightning launcher's applies).
+        """The first host environment whose ``detect()`` is true; ``None`` also where a Lightning launcher's applies.
 
         Lightning's launchers are asked only where host variables are set (MPI's ``detect()`` starts MPI).
         """

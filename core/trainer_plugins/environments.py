@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional
+from typing import ClassVar, Optional
 
 from lightning.fabric.plugins.environments import (
     ClusterEnvironment,
@@ -272,9 +272,7 @@ def read_skypilot(environ: Mapping[str, str]) -> Optional[HostLayout]:
             f" ({len(addresses)} address(es)): the rank must be below the node count, which must equal the"
             " number of addresses."
         )
-    return HostLayout(
-        node_rank=rank, num_nodes=num_nodes, main_address=addresses[0], index_in_job=rank, variables=sky
-    )
+    return HostLayout(node_rank=rank, num_nodes=num_nodes, main_address=addresses[0], index_in_job=rank, variables=sky)
 
 
 def launcher_variables() -> Optional[str]:
@@ -363,7 +361,7 @@ class HostEnvironment(ClusterEnvironment):
         self._world_size = 1
 
     def describe(self) -> str:
-        """The variables read and what they gave, with the port and its source (shown by :func:`trainer_plugins.explain`)."""
+        """The variables read, what they gave, the port and its source (:func:`trainer_plugins.explain` shows it)."""
         source = "MASTER_PORT" if "MASTER_PORT" in os.environ else "default"
         return f"{self.layout.describe()}, port {self.main_port} ({source})"
 
@@ -395,7 +393,7 @@ class HostEnvironment(ClusterEnvironment):
 
     def set_global_rank(self, rank: int) -> None:
         self._global_rank = rank
-        rank_zero_only.rank = rank
+        rank_zero_only.rank = rank  # type: ignore[attr-defined]  # as LightningEnvironment sets it
 
     def local_rank(self) -> int:
         return int(os.environ.get("LOCAL_RANK", 0))
