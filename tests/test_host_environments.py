@@ -32,6 +32,7 @@ VARIABLES = (
     *environments.LIGHTNING_VARIABLES,
     *environments.KUBEFLOW_VARIABLES,
     "MASTER_PORT",
+    "HOSTNAME",  # an Indexed Job's pod name: the machine's own must not decide a test
     "LOCAL_WORLD_SIZE",
     "TORCHELASTIC_RUN_ID",
     "SLURM_NTASKS",
