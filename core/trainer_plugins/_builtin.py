@@ -1,5 +1,8 @@
 """The built-in plugin: Lightning's own accelerators, strategies, precisions and environments.
 
+It also declares the environments of :mod:`trainer_plugins.environments` (:data:`HOST_ENVIRONMENTS`),
+which read TPU VMs' and schedulers' variables.
+
 It only *declares* Lightning's names (statically, so listing them imports nothing) so that plugins
 cannot shadow them by accident; it makes no decisions. Where no plugin answers, the connector
 falls back to Lightning's own rules. ``tests/test_builtin.py`` keeps this table equal to Lightning's
@@ -112,18 +115,30 @@ PRECISIONS = (
     ),
 )
 
-_ENV = "lightning.fabric.plugins.environments"
-ENVIRONMENTS = tuple(
-    EnvironmentEntry(name, trainer=f"{_ENV}:{cls}", fabric=f"{_ENV}:{cls}")
-    for name, cls in (
-        ("lightning", "LightningEnvironment"),
-        ("torchelastic", "TorchElasticEnvironment"),
-        ("slurm", "SLURMEnvironment"),
-        ("lsf", "LSFEnvironment"),
-        ("mpi", "MPIEnvironment"),
-        ("kubeflow", "KubeflowEnvironment"),
-        ("xla", "XLAEnvironment"),
-    )
+
+def _environments(module: str, *names: tuple[str, str]) -> tuple[EnvironmentEntry, ...]:
+    """Entries for the environment classes of ``module`` (name, class), the same class for both apis."""
+    return tuple(EnvironmentEntry(name, trainer=f"{module}:{cls}", fabric=f"{module}:{cls}") for name, cls in names)
+
+
+ENVIRONMENTS = _environments(
+    "lightning.fabric.plugins.environments",
+    ("lightning", "LightningEnvironment"),
+    ("torchelastic", "TorchElasticEnvironment"),
+    ("slurm", "SLURMEnvironment"),
+    ("lsf", "LSFEnvironment"),
+    ("mpi", "MPIEnvironment"),
+    ("kubeflow", "KubeflowEnvironment"),
+    ("xla", "XLAEnvironment"),
+)
+
+#: The environments read from TPU VMs' and schedulers' variables (:mod:`trainer_plugins.environments`),
+#: in the order the connector detects them: after Lightning's launchers, before the accelerator's plugin.
+HOST_ENVIRONMENTS = _environments(
+    "trainer_plugins.environments",
+    ("tpu_vm", "TPUVMEnvironment"),
+    ("indexed_job", "IndexedJobEnvironment"),
+    ("skypilot", "SkyPilotEnvironment"),
 )
 
 
@@ -144,7 +159,7 @@ def trainer_plugins_precisions() -> tuple[PrecisionEntry, ...]:
 
 @hookimpl
 def trainer_plugins_environments() -> tuple[EnvironmentEntry, ...]:
-    return ENVIRONMENTS
+    return ENVIRONMENTS + HOST_ENVIRONMENTS
 
 
 @hookimpl

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 from trainer_plugins import _is_distributed
 from trainer_plugins._availability import accelerator_available
+from trainer_plugins._builtin import HOST_ENVIRONMENTS
 from trainer_plugins._catalog import Catalog, Claim, get_catalog
 from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
@@ -147,10 +148,24 @@ class Connector:
     # --- environment -----------------------------------------------------------------------------
 
     def choose_environment(self, accelerator: Any) -> Optional[Any]:
-        """The cluster environment from the pin or the plugins, or ``None`` for Lightning's detection."""
+        """The cluster environment from the pin, the hosts' variables or a plugin; ``None``: Lightning detects it.
+
+        The order: the pin; Lightning's launchers' environments, left to Lightning's own detection
+        (:func:`trainer_plugins.environments.launcher_variables`: torchrun, SLURM, LSF, MPI,
+        ``LightningEnvironment``'s and ``KubeflowEnvironment``'s variables) unless the accelerator's
+        plugin answers; the first of ``trainer_plugins._builtin.HOST_ENVIRONMENTS`` whose
+        variables are set (TPU VM, Indexed Job, SkyPilot); the accelerator's plugin
+        (``trainer_plugins_select_environment``, e.g. the XLA plugin's ``XLAEnvironment``).
+
+        Raises:
+            ValueError: a host environment's variables are partial or contradictory (the message names them).
+        """
         pinned = self._pin("environment")
         if pinned:
             return pinned_environment(self.catalog, self.api, self.package, pinned, accelerator)
+        host = self._host_environment()
+        if host is not None:
+            return host
         answer = self._ask_first(
             "trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator
         )
@@ -158,6 +173,21 @@ class Connector:
             return None
         record, environment = answer
         self.note("environment", environment, record.label, "the accelerator's plugin chose it")
+        return environment
+
+    def _host_environment(self) -> Optional[Any]:
+        """The first host environment whose ``detect()`` is true; ``None`` also where a Lightning launcher's applies.
+
+        Lightning's launchers are asked only where host variables are set (MPI's ``detect()`` starts MPI).
+        """
+        claims = (self.catalog.claims["environment"].get(entry.name) for entry in HOST_ENVIRONMENTS)
+        detected = [claim for claim in claims if claim is not None and claim.load(self.api, self.package).detect()]
+        if not detected:
+            return None
+        if resolve_in("trainer_plugins.environments:launcher_variables", self.package)() is not None:
+            return None
+        environment = detected[0].build(self.api, self.package)
+        self.note("environment", environment, "trainer-plugins", environment.describe())
         return environment
 
     # --- strategy --------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ _ADAPTERS = frozenset(
         "trainer_plugins._lightning_compile",
         "trainer_plugins._action_profiler",
         "trainer_plugins._goodput",
+        "trainer_plugins.environments",
     }
 )
 
