@@ -251,3 +251,14 @@ def test_the_trainer_picks_the_tpu_vm_environment_and_leaves_the_variables_as_th
     assert type(environment) is TPUVMEnvironment
     assert (environment.node_rank(), environment.main_address, trainer.node_rank) == (1, "a", 1)
     assert dict(os.environ) == before
+
+
+@pytest.mark.xla
+def test_an_accelerator_plugin_with_its_own_environment_keeps_it_under_host_variables(host):
+    # XLA's runtime reads the TPU VM's variables itself (torch_xla's _internal/tpu.py): its plugin's
+    # XLAEnvironment stays the choice on a TPU VM, as before the host environments existed.
+    from xla_plugins import XLAEnvironment
+
+    host(GKE)
+    (decision,) = [d for d in trainer_plugins.explain(accelerator="tpu", devices=1) if d.role == "environment"]
+    assert decision.choice == f"xla ({XLAEnvironment.__module__}.XLAEnvironment)"

@@ -150,12 +150,14 @@ class Connector:
     def choose_environment(self, accelerator: Any) -> Optional[Any]:
         """The cluster environment from the pin, the hosts' variables or a plugin; ``None``: Lightning detects it.
 
-        The order: the pin; Lightning's launchers' environments, left to Lightning's own detection
+        The order: the pin; the accelerator's plugin (``trainer_plugins_select_environment``, e.g.
+        the XLA plugin's ``XLAEnvironment``, whose runtime reads the TPU VM's variables itself);
+        Lightning's launchers' environments, left to Lightning's own detection
         (:func:`trainer_plugins.environments.launcher_variables`: torchrun, SLURM, LSF, MPI,
-        ``LightningEnvironment``'s and ``KubeflowEnvironment``'s variables) unless the accelerator's
-        plugin answers; the first of ``trainer_plugins._builtin.HOST_ENVIRONMENTS`` whose
-        variables are set (TPU VM, Indexed Job, SkyPilot); the accelerator's plugin
-        (``trainer_plugins_select_environment``, e.g. the XLA plugin's ``XLAEnvironment``).
+        ``LightningEnvironment``'s and ``KubeflowEnvironment``'s variables); the first of
+        ``trainer_plugins._builtin.HOST_ENVIRONMENTS`` whose variables are set (TPU VM, Indexed
+        Job, SkyPilot). A backend whose plugin chooses an environment keeps it on every host, so
+        the host environments change nothing for it.
 
         Raises:
             ValueError: a host environment's variables are partial or contradictory (the message names them).
@@ -163,14 +165,11 @@ class Connector:
         pinned = self._pin("environment")
         if pinned:
             return pinned_environment(self.catalog, self.api, self.package, pinned, accelerator)
-        host = self._host_environment()
-        if host is not None:
-            return host
         answer = self._ask_first(
             "trainer_plugins_select_environment", self._owners(accelerator=accelerator), accelerator=accelerator
         )
         if answer is None:
-            return None
+            return self._host_environment()
         record, environment = answer
         self.note("environment", environment, record.label, "the accelerator's plugin chose it")
         return environment
