@@ -8,7 +8,8 @@ the weights after training are the same in all three runs exactly when it is.
 
 Run as a script (``__main__``), as XLA launching needs: ``--strategies`` in the given order (the spawn
 strategy ``xla`` first, before this process starts an SPMD runtime), ``--out`` for ``report.json``:
-``{strategy: {mode: weights}}``. The test imports :func:`fit` to run ``single_xla`` in its own process.
+``{"weights": {strategy: {mode: weights}}, "warnings": {strategy: [message, ...]}}`` (every warning
+raised in the fits; the test checks none of torch's backward-hook warnings is among them). The test imports :func:`fit` to run ``single_xla`` in its own process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 import lightning as L
 import torch
@@ -58,6 +60,10 @@ class CheckpointedBlock(L.LightningModule):
         x, y = batch
         return nn.functional.mse_loss(self(x), y)
 
+    def validation_step(self, batch, batch_idx):  # returns nothing: Lightning's usual style
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=LR)
 
@@ -72,8 +78,12 @@ def strategy_flag(name: str):
     return {"xla_spmd": XLASPMDStrategy, "xla_fsdp_v2": XLAFSDPv2Strategy}[name](batch="global")
 
 
-def fit(strategy: str, devices: int, mode: str) -> list[float]:
-    """Train :class:`CheckpointedBlock` for STEPS steps on ``strategy``; its weights after, flattened."""
+def fit(strategy: str, devices: int, mode: str) -> tuple[list[float], list[str]]:
+    """Train :class:`CheckpointedBlock` for STEPS steps on ``strategy``, validating after the last.
+
+    Returns:
+        Its weights after, flattened, and the message of every warning raised in the fit.
+    """
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(BATCH * STEPS, 8, generator=generator)
     samples = TensorDataset(inputs, torch.randn(BATCH * STEPS, 1, generator=generator))
@@ -89,9 +99,14 @@ def fit(strategy: str, devices: int, mode: str) -> list[float]:
         enable_progress_bar=False,
         enable_model_summary=False,
         use_distributed_sampler=False,  # every spawn replica trains on the whole batch
+        num_sanity_val_steps=0,
+        limit_val_batches=2,
     )
-    trainer.fit(model, DataLoader(samples, batch_size=BATCH))
-    return [value for tensor in model.state_dict().values() for value in tensor.detach().cpu().flatten().tolist()]
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        trainer.fit(model, DataLoader(samples, batch_size=BATCH), DataLoader(samples, batch_size=BATCH))
+    weights = [value for tensor in model.state_dict().values() for value in tensor.detach().cpu().flatten().tolist()]
+    return weights, [str(warning.message) for warning in raised]
 
 
 def main() -> None:
@@ -105,10 +120,11 @@ def main() -> None:
         import xla_cpu_harness
 
         xla_cpu_harness.install()
-    report = {
-        name: {mode: fit(name, 1 if name == "single_xla" else args.devices, mode) for mode in MODES}
-        for name in args.strategies
-    }
+    report: dict = {"weights": {}, "warnings": {}}
+    for name in args.strategies:
+        runs = {mode: fit(name, 1 if name == "single_xla" else args.devices, mode) for mode in MODES}
+        report["weights"][name] = {mode: weights for mode, (weights, _) in runs.items()}
+        report["warnings"][name] = sorted({message for _, messages in runs.values() for message in messages})
     with open(os.path.join(args.out, "report.json"), "w") as file:
         json.dump(report, file)
 
