@@ -1,4 +1,4 @@
-"""``torch.utils.checkpoint`` works on every XLA strategy, with the weights of the same run without it (issue 35 item 5).
+"""``torch.utils.checkpoint`` works on every XLA strategy, with the weights of the run without it (issue 35 item 5).
 
 torch looks up ``torch.xla`` to save and restore the random state of the block's device; torch_xla
 2.9 registers none (``AttributeError: module 'torch' has no attribute 'xla'``). The accelerator

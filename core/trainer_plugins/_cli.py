@@ -250,7 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _drop_stdout() -> None:
-    """Point stdout's descriptor at ``os.devnull``, so that the interpreter's last flush of the closed pipe is silent."""
+    """Point stdout's descriptor at ``os.devnull``: the interpreter's last flush of the closed pipe is then silent."""
     try:
         descriptor = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):  # stdout replaced by an object without a descriptor

@@ -9,7 +9,8 @@ the weights after training are the same in all three runs exactly when it is.
 Run as a script (``__main__``), as XLA launching needs: ``--strategies`` in the given order (the spawn
 strategy ``xla`` first, before this process starts an SPMD runtime), ``--out`` for ``report.json``:
 ``{"weights": {strategy: {mode: weights}}, "warnings": {strategy: [message, ...]}}`` (every warning
-raised in the fits; the test checks none of torch's backward-hook warnings is among them). The test imports :func:`fit` to run ``single_xla`` in its own process.
+raised in the fits; the test checks none of torch's backward-hook warnings is among them). The test
+imports :func:`fit` to run ``single_xla`` in its own process.
 """
 
 from __future__ import annotations

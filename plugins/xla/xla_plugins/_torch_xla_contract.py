@@ -5,11 +5,12 @@ torch_xla keeps some of what the plugin needs behind private names: the worker s
 (``torch_xla._internal.{tpu,neuron,gpu}``), C++ bindings of ``torch_xla._XLAC`` (runtime state,
 shardings, a tensor's pending state), the one-transfer copy to the CPU of ``xla_model``, and
 attributes torch_xla sets on objects it wraps; and one private torch function that torch_xla
-would call if it registered a device module (``torch._register_device_module``). Each is listed once in :data:`NAMES`, with what it is
-and its parameters, and the plugin reaches it only through the functions and names below; no other
-module of the plugin names a private torch_xla attribute. ``tests/test_torch_xla_contract.py``
-checks :data:`NAMES` with :func:`contract_violations` on the torch_xla of every tox cell (2.8 and
-2.9), and reads the plugin's sources for private torch_xla names used elsewhere.
+would call if it registered a device module (``torch._register_device_module``). Each is listed
+once in :data:`NAMES`, with what it is and its parameters, and the plugin reaches it only through
+the functions and names below; no other module of the plugin names a private torch_xla attribute.
+``tests/test_torch_xla_contract.py`` checks :data:`NAMES` with :func:`contract_violations` on the
+torch_xla of every tox cell (2.8 and 2.9), and reads the plugin's sources for private torch_xla
+names used elsewhere.
 
 Nothing here imports torch_xla until a function is called; each call looks the name up anew, so a
 replacement installed on torch_xla's module (a test harness's) is the one called.

@@ -72,7 +72,7 @@ def current_device() -> int:
 
 
 class device:
-    """Select device ``device`` for :func:`get_rng_state` and :func:`set_rng_state` called without one, inside the block.
+    """Select ``device`` for :func:`get_rng_state` and :func:`set_rng_state` called without one, inside the block.
 
     Args:
         device: an index, ``"xla:<i>"`` or ``torch.device("xla", i)``; ``None`` keeps the current selection.
