@@ -7,7 +7,8 @@ XLA random state, so the recomputed block equals the first only if that state is
 the weights after training are the same in all three runs exactly when it is.
 
 Run as a script (``__main__``), as XLA launching needs: ``--strategies`` in the given order (the spawn
-strategy ``xla`` first, before this process starts an SPMD runtime), ``--out`` for ``report.json``:
+strategy ``xla`` first, before this process starts an SPMD runtime), ``--modes`` (default all),
+``--out`` for ``report.json``:
 ``{"weights": {strategy: {mode: weights}}, "warnings": {strategy: [message, ...]}}`` (every warning
 raised in the fits; the test checks none of torch's backward-hook warnings is among them). The test
 imports :func:`fit` to run ``single_xla`` in its own process.
@@ -113,6 +114,7 @@ def fit(strategy: str, devices: int, mode: str) -> tuple[list[float], list[str]]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategies", nargs="+", choices=("single_xla", "xla", "xla_spmd", "xla_fsdp_v2"))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -123,7 +125,7 @@ def main() -> None:
         xla_cpu_harness.install()
     report: dict = {"weights": {}, "warnings": {}}
     for name in args.strategies:
-        runs = {mode: fit(name, 1 if name == "single_xla" else args.devices, mode) for mode in MODES}
+        runs = {mode: fit(name, 1 if name == "single_xla" else args.devices, mode) for mode in args.modes}
         report["weights"][name] = {mode: weights for mode, (weights, _) in runs.items()}
         report["warnings"][name] = sorted({message for _, messages in runs.values() for message in messages})
     with open(os.path.join(args.out, "report.json"), "w") as file:
