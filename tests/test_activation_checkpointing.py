@@ -108,3 +108,19 @@ def test_torch_utils_checkpoint_with_dropout_trains_the_same_weights_and_fsdp_v2
         assert list(weights) == ["off", "reentrant"]
         difference = largest_difference(weights["reentrant"], weights["off"])
         assert difference <= ATOL, (strategy, difference)
+
+
+def test_torch_utils_checkpoint_with_dropout_gives_the_same_gradients_in_a_fabric_loop():
+    """Fabric's ``single_xla`` sets up the accelerator too (``setup_environment``), which registers ``torch.xla``."""
+    fabric = L.Fabric(accelerator="xla", devices=1)
+    fabric.launch()
+    inputs = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+    gradients = {}
+    for mode in script.MODES:
+        fabric.seed_everything(3, verbose=False)  # setup_module seeds torch_xla's random state from it
+        model = fabric.setup_module(script.CheckpointedBlock(mode))
+        model(fabric.to_device(inputs)).sum().backward()
+        gradients[mode] = [p.grad.cpu().flatten() for p in model.parameters()]
+    for mode in ("reentrant", "non_reentrant"):
+        difference = max((a - b).abs().max().item() for a, b in zip(gradients[mode], gradients["off"], strict=True))
+        assert difference <= ATOL, (mode, difference)
