@@ -194,3 +194,22 @@ def test_doctor_and_explain_report_their_time_and_import_no_backend_they_do_not_
 
 def test_usage_errors_exit_with_status_2():
     assert cli("frobnicate").returncode == 2
+
+
+@pytest.mark.parametrize("args", [["list", "--json"], ["list"]])
+def test_a_reader_that_closed_the_pipe_ends_the_command_without_a_traceback(args):
+    """``trainer-plugins ... | head``: head exits after its lines; the command's next write meets a closed pipe.
+
+    The pipe's reading end is closed before the command starts, so every write fails (deterministic,
+    where a real ``head`` closes it at a moment that depends on the scheduler).
+    """
+    command = shutil.which("trainer-plugins", path=os.path.dirname(sys.executable))
+    assert command
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([command, *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports a command ended by a closed pipe

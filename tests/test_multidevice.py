@@ -210,9 +210,12 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
     )
     strategy, refusal = result.stdout.splitlines()[-2:]
     assert strategy == "XLASPMDStrategy"
-    # said in the run's one start-up line (the reason is logged at DEBUG on the xla_plugins logger)
+    # said in the run's one start-up line, and why in one INFO line of the plugin's (issue 35 item 11)
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("trainer-plugins: ")]
     assert "strategy=xla_spmd" in line
+    (reason,) = [line for line in result.stderr.splitlines() if line.startswith("xla-plugins: strategy='auto'")]
+    assert reason.startswith("xla-plugins: strategy='auto' chose 'xla_spmd' for 4 PJRT CPU devices: the")
+    assert "'xla' cannot run collectives on this device" in reason
     # refused by the Trainer's constructor, before the XLA runtime or any worker process started here
     started, message = refusal.split(" ", 1)
     assert started == "nothing-started"

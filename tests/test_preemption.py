@@ -173,6 +173,8 @@ def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_a
     result = run_script(root, STOP_AT=str(STOP_AT))
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
     assert "SIGTERMException" not in output(result)
+    (line,) = [line for line in output(result).splitlines() if "Stopped by SIGTERM" in line]
+    assert 'Resume with trainer.fit(..., ckpt_path="last") or XLA_PLUGINS_RESUME=auto.' in line
 
 
 @pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
@@ -202,7 +204,12 @@ def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     root = tmp_path / "run"
-    assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
+    stopped = run_script(root, STOP_AT=str(STOP_AT), XLA_PLUGINS_RESUME="auto")  # no checkpoint yet: starts over
+    assert_stopped_with_a_checkpoint(stopped, root, signal.SIGTERM)
+    # the stop message does not suggest the setting already set (issue 35 item 11)
+    (line,) = [line for line in output(stopped).splitlines() if "Stopped by SIGTERM" in line]
+    assert "Run the same command again to resume (XLA_PLUGINS_RESUME=auto is set)." in line
+    assert "ckpt_path" not in line
     resumed = run_script(root, XLA_PLUGINS_RESUME="auto")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
     assert printed_global_step(resumed, "START") == STOP_AT + 1

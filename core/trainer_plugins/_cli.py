@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -228,16 +230,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Exit status: 0 on success, 1 when ``explain`` rejects the flags or ``goodput`` finds no ledger
     it can read (the error is printed to stderr), 2 on a usage error (argparse) or an unreadable
     control variable (one line on stderr naming the variable and the accepted values). What plugins
-    print is captured, so ``--json`` output is always valid JSON.
+    print is captured, so ``--json`` output is always valid JSON. When the reader of stdout goes
+    away (``trainer-plugins goodput --json | head``), the command stops without a traceback and
+    returns 141 (128 + ``SIGPIPE``), the status a shell reports for a command ended by a closed pipe.
     """
     started = time.perf_counter()
     args = _parser().parse_args(argv)
     try:
         Controls.from_env()  # every control readable, or one line and exit status 2
-        return _run(args, started)
+        status = _run(args, started)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not in the interpreter's exit
+        return status
     except ControlError as error:
         print(f"trainer-plugins: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _drop_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _drop_stdout() -> None:
+    """Point stdout's descriptor at ``os.devnull``: the interpreter's last flush of the closed pipe is then silent."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout replaced by an object without a descriptor
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
 
 
 def _run(args: argparse.Namespace, started: float) -> int:

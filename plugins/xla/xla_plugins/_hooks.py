@@ -159,14 +159,16 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
         return None
     if len(parallel_devices) == 1:
         return "single_xla"
-    from xla_plugins import _logging, _runtime
+    from xla_plugins import _runtime
 
     if _runtime.spawn_collectives_hang():
-        # at DEBUG: the run's one start-up line already names the strategy (strategy=xla_spmd)
-        _logging.log.debug(
-            f"strategy='auto' on {len(parallel_devices)} PJRT {_runtime.device_type()} devices uses"
-            " the SPMD strategy 'xla_spmd': the one-worker-per-device strategy 'xla' cannot run collectives on this"
-            " device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
+        from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+        # at INFO, as the run's start-up line that names the strategy: why not Lightning's 'xla'
+        rank_zero_info(
+            f"xla-plugins: strategy='auto' chose 'xla_spmd' for {len(parallel_devices)} PJRT"
+            f" {_runtime.device_type()} devices: the one-worker-per-device strategy 'xla' cannot run collectives on"
+            " this device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
         )
         return "xla_spmd"
     return "xla"

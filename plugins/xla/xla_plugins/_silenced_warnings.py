@@ -5,6 +5,10 @@ Each is about code the user does not write and cannot change, and repeats at eve
 * :data:`BACKWARD_BARRIER`: torch_xla's FSDPv2 wrapper registers a full backward hook on every
   wrapped module (``xla_sharding.apply_backward_optimization_barrier``); with integer inputs (token
   ids) no input requires a gradient and torch warns at every backward pass. The hook still runs.
+* :data:`NON_TENSOR_OUTPUT`: torch warns when a module with a full backward hook (FSDPv2's root
+  wrapper, see :data:`BACKWARD_BARRIER`) returns neither a tensor nor a tuple: at every evaluation
+  step whose ``validation_step``, ``test_step`` or ``predict_step`` returns nothing or a dict. No
+  backward pass follows an evaluation step, so there is no hook call to miss.
 * :data:`SHARDED_CHECKPOINT`: ``torch.distributed.checkpoint`` warns at every single-process
   save (one host has no process group), even when told so with ``no_dist=True``; it warns that torch_xla's
   ``SPMDSavePlanner`` has the old ``set_up_planner`` signature and uses the deprecated
@@ -28,6 +32,9 @@ from contextlib import contextmanager
 BACKWARD_BARRIER = (
     "Full backward hook is firing when gradients are computed with respect to module outputs since no inputs"
     " require gradients",
+)
+NON_TENSOR_OUTPUT = (
+    "For backward hooks to be called, module output should be a Tensor or a tuple of Tensors but received",
 )
 SHARDED_CHECKPOINT = (
     "torch.distributed is disabled, unavailable or uninitialized",  # warned even for an explicit no_dist=True

@@ -4,11 +4,13 @@ torch_xla keeps some of what the plugin needs behind private names: the worker s
 ``xmp.spawn`` runs (``torch_xla._internal.pjrt``), the per-host process counts
 (``torch_xla._internal.{tpu,neuron,gpu}``), C++ bindings of ``torch_xla._XLAC`` (runtime state,
 shardings, a tensor's pending state), the one-transfer copy to the CPU of ``xla_model``, and
-attributes torch_xla sets on objects it wraps. Each is listed once in :data:`NAMES`, with what it is
-and its parameters, and the plugin reaches it only through the functions and names below; no other
-module of the plugin names a private torch_xla attribute. ``tests/test_torch_xla_contract.py``
-checks :data:`NAMES` with :func:`contract_violations` on the torch_xla of every tox cell (2.8 and
-2.9), and reads the plugin's sources for private torch_xla names used elsewhere.
+attributes torch_xla sets on objects it wraps; and one private torch function that torch_xla
+would call if it registered a device module (``torch._register_device_module``). Each is listed
+once in :data:`NAMES`, with what it is and its parameters, and the plugin reaches it only through
+the functions and names below; no other module of the plugin names a private torch_xla attribute.
+``tests/test_torch_xla_contract.py`` checks :data:`NAMES` with :func:`contract_violations` on the
+torch_xla of every tox cell (2.8 and 2.9), and reads the plugin's sources for private torch_xla
+names used elsewhere.
 
 Nothing here imports torch_xla until a function is called; each call looks the name up anew, so a
 replacement installed on torch_xla's module (a test harness's) is the one called.
@@ -91,6 +93,9 @@ CHECKPOINTED_FORWARDS = (
     PrivateName(f"{_CHECKPOINT_MODULE}._xla_checkpointed_forward_original", ASSIGNED),
     PrivateName(f"{_CHECKPOINT_MODULE}._xla_checkpointed_forward_no_kwargs", ASSIGNED),
 )
+#: torch's own (private) registration of a device type's runtime module as ``torch.<device_type>``:
+#: torch_xla registers none, so the plugin registers ``xla_plugins.device_module`` as ``torch.xla``.
+REGISTER_DEVICE_MODULE = PrivateName("torch:_register_device_module", FUNCTION, ("device_type", "module"))
 
 #: Every private torch_xla name the plugin uses.
 NAMES: tuple[PrivateName, ...] = (
@@ -110,6 +115,7 @@ NAMES: tuple[PrivateName, ...] = (
     SHARDED_CPU_STATE_DICT,
     FSDP_V2_WRAPPED_MODULE,
     *CHECKPOINTED_FORWARDS,
+    REGISTER_DEVICE_MODULE,
 )
 
 
@@ -192,6 +198,15 @@ def sharded_cpu_state_dict(state_dict: Any) -> Any:
     sharded XLA tensor as its CPU shards (torch_xla's ``_CpuShards``, which its ``SPMDSavePlanner`` writes) and each
     other XLA tensor on the CPU, in one transfer per kind."""
     return _resolve(SHARDED_CPU_STATE_DICT.path)(state_dict)
+
+
+def register_device_module(device_type: str, module: Any) -> None:
+    """``torch._register_device_module``: make ``module`` torch's runtime module of ``device_type`` (``torch.<type>``).
+
+    Raises:
+        RuntimeError: a module is registered for ``device_type`` already (torch's check).
+    """
+    _resolve(REGISTER_DEVICE_MODULE.path)(device_type, module)
 
 
 def _binding_parameters(function: Any) -> tuple[str, ...]:

@@ -44,17 +44,20 @@ class XLAAccelerator(_LightningXLAAccelerator):
         legacy ``XLA_USE_*`` variable, means that variable does not change how torch_xla lowers the
         model: the dtypes PyTorch reports are the dtypes that run, and torch_xla >= 2.6 prints no
         deprecation notice for it. The persistent compilation cache named by
-        ``XLA_PLUGINS_COMPILE_CACHE`` is turned on first (:mod:`xla_plugins.compile_cache`).
+        ``XLA_PLUGINS_COMPILE_CACHE`` is turned on first (:mod:`xla_plugins.compile_cache`). Then
+        :mod:`xla_plugins.device_module` is registered as ``torch.xla``, so that
+        ``torch.utils.checkpoint`` can save and restore the XLA random state (torch_xla registers none).
 
         Raises:
             ValueError: ``XLA_PLUGINS_COMPILE_CACHE`` names something that is not a folder.
             RuntimeError: ``XLA_PLUGINS_COMPILE_CACHE`` is set after the process compiled a graph.
         """
-        from xla_plugins import compile_cache
+        from xla_plugins import compile_cache, device_module
 
         compile_cache.enable(_runtime.device_type())  # before the first graph: torch_xla reads it once
         torch.zeros(1, device=device)
         _check_autograd_engine(device)
+        device_module.register()
 
     @override
     def setup(self, trainer: Any) -> None:

@@ -61,10 +61,10 @@ from xla_plugins.strategies._stop_agreement import agreed_signal, several_hosts
 from xla_plugins.strategies._stop_checkpoint import InProcessLauncher, checkpoint_path, move, remove
 from xla_plugins.strategies._stop_settings import (
     DEADLINE_VARIABLE,
-    RESUME_VARIABLE,
     checkpoint_signals,
     deadline_s,
     exit_status,
+    resume_hint,
 )
 
 
@@ -275,13 +275,12 @@ class SavesCheckpointOnStop:
             stop.finish()
             if trainer.is_global_zero:
                 log.warning(
-                    "Stopped by %s at global step %d: checkpoint %s written in %.1f s. Resume with"
-                    ' trainer.fit(..., ckpt_path="last") or %s=auto. Exiting with status %d.',
+                    "Stopped by %s at global step %d: checkpoint %s written in %.1f s. %s Exiting with status %d.",
                     name,
                     trainer.global_step,
                     path,
                     time.monotonic() - started,
-                    RESUME_VARIABLE,
+                    resume_hint(),
                     status,
                 )
         if _stop_agreement.host_stop is not None:

@@ -74,6 +74,19 @@ def resume_mode() -> str:
     return mode
 
 
+def resume_hint() -> str:
+    """How to resume from the stop checkpoint, for the stop message: a plain rerun where ``XLA_PLUGINS_RESUME=auto``
+    is set already, else ``ckpt_path="last"`` or setting it (an invalid value reads as not set: the message
+    must not fail; the next fit reports it)."""
+    try:
+        mode = resume_mode()
+    except ValueError:
+        mode = "off"
+    if mode == "auto":
+        return f"Run the same command again to resume ({RESUME_VARIABLE}=auto is set)."
+    return f'Resume with trainer.fit(..., ckpt_path="last") or {RESUME_VARIABLE}=auto.'
+
+
 def exit_status(signum: int) -> int:
     """The exit status of a run stopped by ``signum``: 128 + its number (143 for SIGTERM), the shell's convention."""
     return 128 + int(signum)

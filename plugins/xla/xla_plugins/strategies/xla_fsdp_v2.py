@@ -25,6 +25,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from xla_plugins._silenced_warnings import NON_TENSOR_OUTPUT, silenced
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._parameter_sharding import _ShardsParameters, gather_full, to_host
 from xla_plugins.strategies._sharded_checkpoints import is_sharded_checkpoint, load_sharded, shard_optimizer_state
@@ -80,6 +81,25 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
     """
 
     strategy_name = "xla_fsdp_v2"
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``validation_step`` call, without torch's warning that the wrapper's backward hook cannot
+        run on a step output that is no tensor (see :mod:`xla_plugins._silenced_warnings`)."""
+        with silenced(NON_TENSOR_OUTPUT):
+            return super().validation_step(*args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``test_step`` call, without the warning :meth:`validation_step` silences."""
+        with silenced(NON_TENSOR_OUTPUT):
+            return super().test_step(*args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``predict_step`` call, without the warning :meth:`validation_step` silences."""
+        with silenced(NON_TENSOR_OUTPUT):
+            return super().predict_step(*args, **kwargs)
 
     @property
     @override
