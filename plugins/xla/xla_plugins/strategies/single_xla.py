@@ -19,6 +19,7 @@ from xla_plugins.strategies._background_checkpoints import (
     WritesCheckpointsInBackground,
 )
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
@@ -101,6 +102,7 @@ class SingleDeviceXLAStrategy(
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricStopsOnSignal,
     FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,

@@ -18,6 +18,7 @@ from xla_plugins.strategies._background_checkpoints import (
     WritesCheckpointsInBackground,
 )
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
@@ -162,6 +163,7 @@ class XLAStrategy(  # type: ignore[misc]
 
 class FabricXLAStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricStopsOnSignal,
     FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneWorkerPerDevice,

@@ -18,6 +18,7 @@ from xla_plugins.strategies._background_checkpoints import (
     WritesCheckpointsInBackground,
 )
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
+from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
@@ -141,6 +142,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricStopsOnSignal,
     FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,
