@@ -77,7 +77,7 @@ class FabricStopsOnSignal:
         stop = self._fabric_stop
         assert stop is not None
         if self._loop_reads_stop:
-            stop.start(signum, "the loop saves and exits when it reads `fabric.strategy.received_sigterm`")
+            stop.start(signum, "the loop stops when it next reads `fabric.strategy.received_sigterm`")
             return
         stop.start(signum, announce=False)
         log.warning(
@@ -103,6 +103,7 @@ class FabricStopsOnSignal:
         signum = stop.signum
         host_stop = _stop_agreement.host_stop
         if host_stop is not None:  # a replica of the spawn strategy
+            host_stop.loop_reads_flag()
             launch, reads = getattr(self._reads, "count", (None, 0))
             reads = reads + 1 if launch is host_stop else 1
             self._reads.count = (host_stop, reads)
