@@ -86,9 +86,10 @@ def remove_stale_temporaries(directory: _PATH) -> list[str]:
     writer ran on this host (the host name in it is ``socket.gethostname()``) and that process no
     longer runs: a live writer's file, one of another host (which this host cannot check, on a
     shared filesystem) and any other file are kept; so is an earlier checkpoint set aside
-    (``.<name>.old-…``) while ``<name>`` is missing (it is then the only copy). A process id reused by a new process keeps
-    the file until that one ends too. Nothing is done for a directory that does not exist, or on
-    an fsspec filesystem other than the local one (an object store's temporaries are not removed).
+    (``.<name>.old-…``) while ``<name>`` is missing (it is then the only copy). A process id
+    reused by a new process keeps the file until that one ends too. Nothing is done for a
+    directory that does not exist, or on an fsspec filesystem other than the local one (an object
+    store's temporaries are not removed).
 
     Raises:
         OSError: the filesystem's, when the directory cannot be listed.
@@ -165,11 +166,12 @@ def commit_local(temporary: str, path: _PATH) -> None:
     A file over a file, or anything onto a free name: ``os.replace`` (atomic). Where a directory is
     involved (one over an existing checkpoint, or a file over a directory): the two names are
     exchanged (``renameat2(RENAME_EXCHANGE)``, atomic), then the earlier checkpoint, now under the
-    temporary name, is removed; a process killed in between leaves
-    that hidden ``.<name>.tmp-<host>-<pid>-<id>`` behind (removed by :func:`remove_stale_temporaries`), and ``path`` already holds the new checkpoint. Where the
-    exchange is not offered (not Linux, or a filesystem without it), the earlier one is renamed
-    aside first: a process killed between the two renames leaves it complete, but under
-    ``.<name>.old-<host>-<pid>-<id>`` only (which :func:`remove_stale_temporaries` keeps while ``path`` is missing).
+    temporary name, is removed; a process killed in between leaves that hidden
+    ``.<name>.tmp-<host>-<pid>-<id>`` behind (removed later by :func:`remove_stale_temporaries`),
+    and ``path`` already holds the new checkpoint. Where the exchange is not offered (not Linux, or
+    a filesystem without it), the earlier one is renamed aside first: a process killed between the
+    two renames leaves it complete, but under ``.<name>.old-<host>-<pid>-<id>`` only (kept by
+    :func:`remove_stale_temporaries` while ``path`` is missing).
     """
     path = str(path)
     if not os.path.lexists(path) or not (os.path.isdir(temporary) or os.path.isdir(path)):

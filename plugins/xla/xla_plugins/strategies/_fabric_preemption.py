@@ -89,7 +89,7 @@ class FabricStopsOnSignal:
 
     @property
     def received_sigterm(self) -> bool:
-        """Whether the run was told to stop (SIGTERM or a signal of ``XLA_PLUGINS_CHECKPOINT_SIGNALS``), as every rank agrees.
+        """Whether the run was told to stop (SIGTERM or ``XLA_PLUGINS_CHECKPOINT_SIGNALS``), agreed by all ranks.
 
         Reading it tells the strategy that the loop handles the stop: from then on a signal only
         sets it, and the loop saves and calls :meth:`exit_after_stop`. Every rank must read it at

@@ -197,7 +197,7 @@ class HostStop:
             os._exit(exit_status(signum))
 
     def loop_reads_flag(self) -> None:
-        """Note that the replicas' loop reads the stop flag (Fabric's ``received_sigterm``): a signal then only sets it."""
+        """Note that the replicas' loop reads the stop flag (Fabric's ``received_sigterm``): a signal only sets it."""
         self._values[5] = 1
 
     def _record(self, signum: int) -> None:
