@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,8 @@ pytestmark = pytest.mark.xla
 
 L = pytest.importorskip("lightning")
 import torch  # noqa: E402
-from test_fabric_background_saves import HeldMidWrite, fabric_with, train_one_step  # noqa: E402
+from test_fabric_background_saves import held_fabric, releasing_wait, train_one_step  # noqa: E402
 from torch import nn  # noqa: E402
-
-from xla_plugins.checkpoint_io import BackgroundXLACheckpointIO  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "scripts" / "fabric_stop.py"
 STEPS = 8
@@ -98,17 +95,7 @@ def test_a_loop_reading_received_sigterm_saves_at_the_signal_exits_143_and_resum
 
 
 def test_a_loop_that_never_reads_the_flag_ends_at_the_signal_once_the_write_in_flight_is_complete(tmp_path):
-    gate = threading.Event()
-    writes = HeldMidWrite(held=1, gate=gate)
-    io = BackgroundXLACheckpointIO(writes)
-    fabric, module, optimizer = fabric_with(io)
-    wait = io.wait
-
-    def releasing_wait() -> None:
-        writes.events.append("stop waits")
-        gate.set()  # released only once the stop waits: a stop that did not wait would end before the write
-        wait()
-
+    gate, writes, io, fabric, module, optimizer = held_fabric(held=1)
     path = tmp_path / "fabric.ckpt"
     try:
         fabric.save(path, {"model": module, "step": 0})
@@ -116,7 +103,7 @@ def test_a_loop_that_never_reads_the_flag_ends_at_the_signal_once_the_write_in_f
         train_one_step(fabric, module, optimizer)
         fabric.save(path, {"model": module, "step": 1})
         assert writes.reached.wait(timeout=120)
-        io.wait = releasing_wait
+        io.wait = releasing_wait(io, writes, gate, "stop waits")  # a stop that did not wait ends before the write
         with pytest.raises(SystemExit) as stopped:
             os.kill(os.getpid(), signal.SIGTERM)
             train_one_step(fabric, module, optimizer)  # the loop goes on; the handler ends it
