@@ -118,6 +118,22 @@ def test_a_loop_that_never_reads_the_flag_ends_at_the_signal_once_the_write_in_f
     assert torch.load(path, weights_only=False)["step"] == 1
 
 
+def test_a_handler_the_script_installed_before_launch_still_runs_and_decides():
+    called = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: called.append(signum))
+    try:
+        fabric, module, optimizer = new_fabric()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            train_one_step(fabric, module, optimizer)  # not ended: the script's handler decides
+            assert fabric.strategy.received_sigterm is False  # the loop had not read the flag when it came
+        finally:
+            fabric.strategy.teardown()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert called == [signal.SIGTERM]
+
+
 def test_exit_after_stop_without_a_signal_names_the_flag(tmp_path):
     fabric, _, _ = new_fabric()
     try:

@@ -10,7 +10,9 @@ strategy up (``fabric.launch()``, or the first ``fabric.setup``):
   ``fabric.save`` and calls ``fabric.strategy.exit_after_stop()``, which waits for the write and
   exits with 128 + the signal number (143 for SIGTERM). Resuming is the loop's ``fabric.load``;
 * a loop that never read the flag ends at the signal, after the write in flight has completed,
-  with the same status; the last complete checkpoint is then the one before the signal;
+  with the same status; the last complete checkpoint is then the one before the signal. Where the
+  script had installed its own handler for that signal before (or Python has one, as for SIGINT),
+  that handler runs instead (after the flag is set, where the loop reads it);
 * either way, if the process has not ended within ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` seconds of the
   signal, it logs that and ends at once with that status (the checkpoints written earlier stay whole:
   they are committed by a rename, :mod:`xla_plugins._commits`).
@@ -78,6 +80,11 @@ class FabricStopsOnSignal:
         assert stop is not None
         if self._loop_reads_stop:
             stop.start(signum, "the loop stops when it next reads `fabric.strategy.received_sigterm`")
+        earlier = (self._handlers_before or {}).get(signum)
+        if callable(earlier):  # the script's own handler (or Python's for SIGINT), installed before: it decides
+            earlier(signum, frame)
+            return
+        if self._loop_reads_stop:
             return
         stop.start(signum, announce=False)
         log.warning(
