@@ -401,6 +401,85 @@ def test_a_process_killed_in_the_middle_of_a_write_leaves_the_previous_checkpoin
     )
     run.fit(Regression(), data(), ckpt_path="last")
     assert resumed_at == [2]
+    assert sorted(os.listdir(directory)) == ["last-v1.ckpt", "last.ckpt"]  # the killed writer's temporary file: gone
+
+
+def _a_dead_process_id() -> int:
+    """The id of a process of this host that has ended (a Python run to its end and reaped)."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(ended.stdout)
+
+
+def test_only_temporaries_of_killed_writers_of_this_host_are_removed_by_the_next_write_or_load(tmp_path):
+    import socket
+
+    from xla_plugins import _commits
+
+    host, dead = socket.gethostname(), _a_dead_process_id()
+    killed_file = f".m.ckpt.tmp-{host}-{dead}-0123456789ab"
+    killed_directory = f".sharded.tmp-{host}-{dead}-0123456789ac"  # a sharded checkpoint's staging directory
+    set_aside = f".m.ckpt.old-{host}-{dead}-0123456789ad"  # an earlier m.ckpt set aside by a killed writer
+    kept = {
+        os.path.basename(_commits.temporary_path(tmp_path / "m.ckpt")): "a live writer's (this process)",
+        f".m.ckpt.tmp-another-host-{dead}-0123456789ae": "another host's: its process cannot be checked here",
+        f".gone.ckpt.old-{host}-{dead}-0123456789af": "the only copy of gone.ckpt, set aside by a killed writer",
+        ".m.ckpt.tmp-notes": "not a name of ours",
+    }
+    for name in [killed_file, set_aside, *kept]:
+        (tmp_path / name).write_bytes(b"13 MB, say")
+    (tmp_path / killed_directory).mkdir()
+    (tmp_path / killed_directory / "shard-0").write_bytes(b"shard")
+
+    AtomicXLACheckpointIO().save_checkpoint({"step": torch.tensor(1)}, tmp_path / "m.ckpt")
+    # set_aside was the only copy of m.ckpt when the write began: kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.ckpt", set_aside, *kept])
+
+    (tmp_path / killed_file).write_bytes(b"killed again")
+    assert AtomicXLACheckpointIO().load_checkpoint(tmp_path / "m.ckpt")["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m.ckpt", *kept])
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_wait_interrupted_by_a_signal_leaves_the_write_pending_for_the_next_wait(tmp_path):
+    from concurrent.futures import Future
+
+    from test_fabric_background_saves import HeldMidWrite
+
+    gate, interrupted = threading.Event(), threading.Event()
+    writes = HeldMidWrite(held=0, gate=gate)
+    io = BackgroundXLACheckpointIO(writes)
+    main = threading.get_ident()
+
+    def interrupt(signum, frame):
+        while frame is not None and frame.f_code is not Future.result.__code__:
+            frame = frame.f_back
+        if frame is not None and not interrupted.is_set():  # only while the wait waits for the write
+            interrupted.set()
+            raise Interrupted
+
+    def signal_the_waiting_thread() -> None:
+        assert writes.reached.wait(timeout=120)
+        while not interrupted.wait(timeout=0.05):  # again until it lands inside the wait
+            signal.pthread_kill(main, signal.SIGUSR1)
+
+    before = signal.signal(signal.SIGUSR1, interrupt)
+    path = tmp_path / "held.ckpt"
+    try:
+        io.save_checkpoint({"step": torch.tensor(5)}, path)
+        threading.Thread(target=signal_the_waiting_thread).start()
+        with pytest.raises(Interrupted):
+            io.wait()  # as a stop signal's SystemExit interrupts the wait of fabric.save or exit_after_stop
+        releaser = threading.Timer(0.5, gate.set)  # a second wait that did not wait would return before it
+        releaser.start()
+        io.wait()
+        assert torch.load(path, weights_only=False)["step"] == 5
+    finally:
+        gate.set()
+        signal.signal(signal.SIGUSR1, before)
+        io.teardown()
 
 
 def test_on_an_object_store_a_checkpoint_counts_only_once_its_commit_marker_is_written():

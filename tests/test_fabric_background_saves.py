@@ -79,6 +79,27 @@ def fabric_with(io: BackgroundXLACheckpointIO):
     return fabric, module, optimizer
 
 
+def held_fabric(held: int):
+    """A Fabric on one device whose write number ``held`` stops halfway until the returned gate is set."""
+    gate = threading.Event()
+    writes = HeldMidWrite(held=held, gate=gate)
+    io = BackgroundXLACheckpointIO(writes)
+    return (gate, writes, io, *fabric_with(io))
+
+
+def releasing_wait(io: BackgroundXLACheckpointIO, writes: HeldMidWrite, gate: threading.Event, event: str):
+    """``io.wait`` that notes ``event`` and only then releases the held write: a caller that did not wait goes on
+    before the write's end."""
+    wait = io.wait
+
+    def wait_releasing() -> None:
+        writes.events.append(event)
+        gate.set()
+        wait()
+
+    return wait_releasing
+
+
 def train_one_step(fabric, module, optimizer) -> None:
     fabric.backward(module(torch.randn(8, 4, device=fabric.device)).square().mean())
     optimizer.step()
@@ -110,21 +131,11 @@ def test_fabric_save_returns_during_its_write_and_the_previous_file_stays_whole_
 
 
 def test_fabric_load_waits_for_the_write_in_flight(tmp_path):
-    gate = threading.Event()
-    writes = HeldMidWrite(held=0, gate=gate)
-    io = BackgroundXLACheckpointIO(writes)
-    fabric, module, optimizer = fabric_with(io)
-    wait = io.wait
-
-    def releasing_wait() -> None:
-        writes.events.append("load waits")
-        gate.set()  # released only once the load waits, so a load that did not wait would read before the end
-        wait()
-
+    gate, writes, io, fabric, module, optimizer = held_fabric(held=0)
     path = tmp_path / "fabric.ckpt"
     fabric.save(path, {"model": module, "optimizer": optimizer, "step": 3})
     saved = [p.detach().cpu().clone() for p in module.parameters()]
-    io.wait = releasing_wait
+    io.wait = releasing_wait(io, writes, gate, "load waits")  # so a load that did not wait would read before the end
     try:
         assert writes.reached.wait(timeout=120)
         train_one_step(fabric, module, optimizer)  # training goes on while the write is held

@@ -13,7 +13,9 @@ Nothing here is in Lightning, torch or torch_xla: Lightning's checkpoint IO plug
 ``torch.distributed.checkpoint`` writes a directory's files in place (only its own ``.metadata``
 under a temporary name), and torch_xla's ``CheckpointManager`` never replaces a checkpoint (a new
 directory per step, a metadata file written last). The temporary names start with a dot and end
-in ``.tmp-<id>``, so Lightning's search for ``last*.ckpt`` never takes one.
+in ``.tmp-<host>-<pid>-<id>`` (:func:`temporary_path`), so Lightning's search for ``last*.ckpt`` never
+takes one, and the writer can be told: :func:`remove_stale_temporaries` removes those that a writer
+of this host left behind when it was killed (its process no longer runs).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
+import socket
 import uuid
 from typing import Any
 
@@ -40,11 +44,71 @@ def is_local(path: _PATH) -> bool:
     return fsspec.utils.get_protocol(str(path)) == "file"
 
 
+#: The kinds of temporary names (:func:`temporary_path`): a checkpoint being written, an earlier one set aside.
+TEMPORARY_KINDS = ("tmp", "old")
+_TEMPORARY_NAME = re.compile(
+    r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[^/]+)-(?P<pid>[0-9]+)-(?P<id>[0-9a-f]{12})$"
+)
+
+
 def temporary_path(path: _PATH, kind: str = "tmp") -> str:
-    """A fresh name beside ``path`` for its checkpoint while it is written: ``<dir>/.<name>.<kind>-<12 hex digits>``."""
+    """A fresh name beside ``path`` for its checkpoint while it is written.
+
+    ``<dir>/.<name>.<kind>-<host>-<pid>-<12 hex digits>``: the writer's host name
+    (``socket.gethostname()``) and process id say who owns it (:func:`remove_stale_temporaries`).
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`TEMPORARY_KINDS`.
+    """
+    if kind not in TEMPORARY_KINDS:
+        raise ValueError(f"kind={kind!r} is not valid: choose one of {list(TEMPORARY_KINDS)}.")
     path = str(path)
     directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.{kind}-{uuid.uuid4().hex[:12]}")
+    host = socket.gethostname().replace("/", "_") or "localhost"
+    return os.path.join(directory, f".{name}.{kind}-{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (``kill(pid, 0)``; one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: _PATH) -> list[str]:
+    """Remove the temporary checkpoints in ``directory`` whose writers were killed; return their paths.
+
+    Only names of :func:`temporary_path`'s form are considered, and one is removed only when its
+    writer ran on this host (the host name in it is ``socket.gethostname()``) and that process no
+    longer runs: a live writer's file, one of another host (which this host cannot check, on a
+    shared filesystem) and any other file are kept; so is an earlier checkpoint set aside
+    (``.<name>.old-…``) while ``<name>`` is missing (it is then the only copy). A process id
+    reused by a new process keeps the file until that one ends too. Nothing is done for a
+    directory that does not exist, or on an fsspec filesystem other than the local one (an object
+    store's temporaries are not removed).
+
+    Raises:
+        OSError: the filesystem's, when the directory cannot be listed.
+    """
+    directory = str(directory) or "."
+    if not is_local(directory) or not os.path.isdir(directory):
+        return []
+    host = socket.gethostname().replace("/", "_") or "localhost"
+    removed = []
+    for entry in os.listdir(directory):
+        match = _TEMPORARY_NAME.match(entry)
+        if match is None or match["host"] != host or _process_runs(int(match["pid"])):
+            continue
+        if match["kind"] == "old" and not os.path.lexists(os.path.join(directory, match["name"])):
+            continue  # the earlier checkpoint, set aside by a writer killed before the new one took its name
+        path = os.path.join(directory, entry)
+        _remove_local(path)
+        removed.append(path)
+    return removed
 
 
 def size(path: _PATH) -> int:
@@ -102,11 +166,12 @@ def commit_local(temporary: str, path: _PATH) -> None:
     A file over a file, or anything onto a free name: ``os.replace`` (atomic). Where a directory is
     involved (one over an existing checkpoint, or a file over a directory): the two names are
     exchanged (``renameat2(RENAME_EXCHANGE)``, atomic), then the earlier checkpoint, now under the
-    temporary name, is removed; a process killed in between leaves
-    that hidden ``.<name>.tmp-<id>`` behind, and ``path`` already holds the new checkpoint. Where the
-    exchange is not offered (not Linux, or a filesystem without it), the earlier one is renamed
-    aside first: a process killed between the two renames leaves it complete, but under
-    ``.<name>.old-<id>`` only.
+    temporary name, is removed; a process killed in between leaves that hidden
+    ``.<name>.tmp-<host>-<pid>-<id>`` behind (removed later by :func:`remove_stale_temporaries`),
+    and ``path`` already holds the new checkpoint. Where the exchange is not offered (not Linux, or
+    a filesystem without it), the earlier one is renamed aside first: a process killed between the
+    two renames leaves it complete, but under ``.<name>.old-<host>-<pid>-<id>`` only (kept by
+    :func:`remove_stale_temporaries` while ``path`` is missing).
     """
     path = str(path)
     if not os.path.lexists(path) or not (os.path.isdir(temporary) or os.path.isdir(path)):

@@ -80,7 +80,7 @@ def default_checkpoint_io() -> XLACheckpointIO | AsyncCheckpointIO:
 class AtomicXLACheckpointIO(XLACheckpointIO):
     """Lightning's ``XLACheckpointIO`` (CPU tensors, ``torch.save``), made atomic: a checkpoint appears only whole.
 
-    Files (:meth:`write`): written to a temporary file ``.<name>.tmp-<id>`` in the target's
+    Files (:meth:`write`): written to a temporary file ``.<name>.tmp-<host>-<pid>-<id>`` in the target's
     directory; on a local disk flushed, ``fsync``-ed and renamed over the target with
     ``os.replace`` (atomic on POSIX), so a process killed during the write leaves the previous file
     in place; on an fsspec URL moved onto ``path``, then the commit marker ``<path>.commit`` is
@@ -88,7 +88,9 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
     (:func:`is_committed`). Sharded checkpoints (:meth:`write_sharded`, the directories of the
     FSDPv2 strategies' ``state_dict_type="sharded"``) the same way, as a directory: written under a
     temporary name, then renamed into place or moved and marked (:mod:`xla_plugins._commits`). The
-    temporary names never match Lightning's ``last*.ckpt`` pattern.
+    temporary names never match Lightning's ``last*.ckpt`` pattern. Each write and each
+    ``load_checkpoint`` first removes the temporary files that killed writers of this host left in
+    the checkpoint's directory (:func:`~xla_plugins._commits.remove_stale_temporaries`).
 
     Raises:
         TypeError: ``storage_options`` given (as Lightning's ``XLACheckpointIO``).
@@ -106,6 +108,7 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
         directory = os.path.dirname(path)
         if directory:
             fs.makedirs(directory, exist_ok=True)
+        _remove_stale_temporaries(directory)
         temporary = _commits.temporary_path(path)
         local = _commits.is_local(path)
         try:
@@ -156,6 +159,8 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
         path = str(path)
         staging = staging or _commits.temporary_path(path)
         coordinator = metadata is not None
+        if coordinator:
+            _remove_stale_temporaries(os.path.dirname(path))
         try:
             write_directory(staging, shards, metadata, process_group)
             if coordinator:
@@ -164,6 +169,12 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
             if coordinator:
                 _commits.remove(staging)
 
+    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Lightning's ``XLACheckpointIO.load_checkpoint``, after removing the temporary files of killed writers
+        beside ``path`` (see :func:`~xla_plugins._commits.remove_stale_temporaries`)."""
+        _remove_stale_temporaries(os.path.dirname(str(path)))
+        return super().load_checkpoint(path, *args, **kwargs)
+
     def remove_checkpoint(self, path: _PATH) -> None:
         """Remove the checkpoint ``path`` (a file or a sharded checkpoint's directory) and its commit marker, if any."""
         _commits.remove(path)
@@ -171,6 +182,17 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
     def is_committed(self, path: _PATH) -> bool:
         """See :func:`is_committed`."""
         return is_committed(path)
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+    """:func:`~xla_plugins._commits.remove_stale_temporaries` of ``directory``, logged; an error only logged too."""
+    try:
+        removed = _commits.remove_stale_temporaries(directory)
+    except OSError as error:
+        log.warning("The temporary files of killed checkpoint writes in %r could not be removed: %r", directory, error)
+        return
+    for path in removed:
+        log.info("Removed %s, the temporary file of a checkpoint write whose process was killed.", path)
 
 
 def _refuse_storage_options(io: Any, storage_options: Optional[Any]) -> None:
@@ -353,9 +375,10 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         Raises:
             BaseException: what a write raised since the last call (raised once).
         """
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is not None and self._pid == os.getpid():
-            pending.result()
+            pending.result()  # interrupted (a stop signal's SystemExit), the write stays pending for the next wait
+        self._pending = None
         error, self._error = self._error, None
         if error is not None:
             raise error

@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import multiprocessing
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
@@ -42,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from xla_plugins import _runtime
 from xla_plugins._logging import log
 from xla_plugins._world import World, leads_its_process, one_rank_per_process
-from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s
+from xla_plugins.checkpoint_io import finish_pending_writes
+from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s, exit_status
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -155,14 +159,48 @@ class HostStop:
     more than 10 s for a thread; a host that starts or compiles later than another makes the wait).
     """
 
-    def __init__(self, context: Any) -> None:
-        self._values = context.RawArray("q", 5)
+    def __init__(self, context: Any, ends_unless_read: bool = False) -> None:
+        self._values = context.RawArray("q", 6)  # the five above, then: a replica read the stop flag (Fabric)
+        self._ends_unless_read = ends_unless_read
+        self._main_pid = os.getpid()
         # In each worker process (its own copy after the fork): the batches its leading replica has agreed on.
         self._agreed_here = 0
         self._agreement = threading.Condition()
 
     def request(self, signum: int, frame: Any = None) -> None:
-        """Signal handler: fix this host's stop batch, once."""
+        """Signal handler: fix this host's stop batch, once; under Fabric, end the run if no replica reads the flag.
+
+        That end (:meth:`loop_reads_flag` never called): the main process passes the signal on to its
+        worker processes; a worker waits for its checkpoint writes in flight
+        (:func:`~xla_plugins.checkpoint_io.finish_pending_writes`) and ends with 128 + the signal
+        number, which the main process then ends with too.
+        """
+        self._record(signum)
+        if not self._ends_unless_read or self._values[5]:
+            return
+        if os.getpid() == self._main_pid:
+            for child in multiprocessing.active_children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)  # type: ignore[arg-type]
+            return
+        log.warning(
+            "Received %s: the loop does not read `fabric.strategy.received_sigterm`, so the worker ends now, once"
+            " its checkpoint write in flight (if any) is complete.",
+            signal.Signals(signum).name,
+        )
+        try:
+            finish_pending_writes()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(BaseException):
+                    stream.flush()
+            os._exit(exit_status(signum))
+
+    def loop_reads_flag(self) -> None:
+        """Note that the replicas' loop reads the stop flag (Fabric's ``received_sigterm``): a signal only sets it."""
+        self._values[5] = 1
+
+    def _record(self, signum: int) -> None:
         if self._values[1] == 0:
             self._values[2] = int(signum)
             self._values[1] = self._values[0] + STOP_MARGIN_BATCHES
@@ -230,7 +268,7 @@ host_stop: Optional[HostStop] = None
 
 
 @contextlib.contextmanager
-def workers_stop_together(context: Any) -> Iterator[None]:
+def workers_stop_together(context: Any, ends_unless_read: bool = False) -> Iterator[None]:
     """While the spawn strategy's workers run: the stop signals make every replica stop after one agreed batch.
 
     The main process's handlers, installed here, are inherited by the forked workers, so a signal to
@@ -238,6 +276,8 @@ def workers_stop_together(context: Any) -> Iterator[None]:
 
     Args:
         context: the ``multiprocessing`` context the workers are started with.
+        ends_unless_read: Fabric's launcher: a signal ends the run (after the writes in flight) unless the
+            replicas read the stop flag (see :meth:`HostStop.request`).
 
     Raises:
         ValueError: ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` or ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` is invalid.
@@ -245,7 +285,7 @@ def workers_stop_together(context: Any) -> Iterator[None]:
     global host_stop
     signals = checkpoint_signals()
     deadline_s()
-    outer, host_stop = host_stop, HostStop(context)
+    outer, host_stop = host_stop, HostStop(context, ends_unless_read)
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, host_stop.request) for signum in signals}

@@ -21,6 +21,7 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
 from xla_plugins.strategies._loader_position import ResumesLoaderPosition
@@ -101,6 +102,7 @@ class SingleDeviceXLAStrategy(
 
 class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricStopsOnSignal,
     FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     SeedsDeviceWithModule,

@@ -20,6 +20,7 @@ from xla_plugins.strategies._background_checkpoints import (
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
 from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
+from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
 from xla_plugins.strategies._loader_position import ResumesLoaderPosition
@@ -141,6 +142,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
 
 class FabricXLASPMDStrategy(  # type: ignore[misc]
     MonitorsFabricSteps,
+    FabricStopsOnSignal,
     FabricWritesCheckpointsInBackground,
     CorrectsBatchNormWithModule,
     _OneProcessOverAMesh,

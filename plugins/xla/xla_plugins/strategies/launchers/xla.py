@@ -106,12 +106,19 @@ class FabricXLALauncher(_LightningFabricXLALauncher):
     def launch(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` on every device; return rank 0's result.
 
+        A stop signal to the main process or to a worker is handled as
+        :mod:`~xla_plugins.strategies._fabric_preemption` says (through
+        :func:`~xla_plugins.strategies._stop_agreement.workers_stop_together`).
+
         Raises:
             BaseException: what a replica raised, with its traceback chained.
+            SystemExit: after a stop signal, with 128 + its number (143 for SIGTERM).
         """
         self._main_pid = os.getpid()
         devices = len(self._strategy.parallel_devices or ())
-        return spawn_replicas(self._wrapping_function, (function, args, kwargs), devices, self._start_method)
+        # stop signals: the replicas agree when they read fabric.strategy.received_sigterm (_fabric_preemption)
+        with _stop_agreement.workers_stop_together(mp.get_context(self._start_method), ends_unless_read=True):
+            return spawn_replicas(self._wrapping_function, (function, args, kwargs), devices, self._start_method)
 
     @override
     def _wrapping_function(  # type: ignore[override]
