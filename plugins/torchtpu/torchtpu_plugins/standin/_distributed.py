@@ -1,0 +1,3 @@
+"""tpu_dist placeholder."""
+def register():
+    return None
