@@ -31,7 +31,8 @@ NAMES = (
     "_C._ExcludeDispatchKeyGuard",
     # the device module torch.tpu (torch.manual_seed and fork_rng read it)
     "_register_device_module",
-    # the gloo process group the "tpu_dist" backend delegates to
+    # the "tpu_dist" backend: torch.distributed's work class for a backend written in Python, and gloo
+    "distributed._Work",
     "distributed.ProcessGroupGloo",
 )
 

@@ -157,9 +157,13 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         return value
 
     host = {id(value) for value in tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)}  # CPU arguments
+    # an op told device="cpu" (a copy to the host) returns CPU tensors; every other op "tpu" tensors
+    to_host = any(isinstance(value, torch.device) and value.type == "cpu" for value in kwargs.values())
     cpu_args, cpu_kwargs = tree_map(to_cpu, (args, kwargs))
     if cpu_kwargs.get("pin_memory"):
         cpu_kwargs["pin_memory"] = False  # host RAM is the device's memory already
+    if cpu_kwargs.get("non_blocking"):
+        cpu_kwargs["non_blocking"] = False  # every kernel has finished when it returns: nothing to overlap
     written_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # ("tpu" out= tensor, fresh CPU result)
     for argument in op._schema.arguments:
         if argument.is_out and isinstance(cpu_kwargs.get(argument.name), torch.Tensor):
@@ -176,7 +180,7 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         _memory.cpu_view(tpu_out).copy_(fresh)
 
     def to_tpu(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and id(value) not in host:
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and id(value) not in host and not to_host:
             original = originals.get(id(value))
             return original if original is not None else _memory.to_tpu(value, adopted)
         return value
@@ -188,7 +192,9 @@ def register() -> list[torch.library.Library]:
     """Register :func:`fallback` for PrivateUse1, and for the ops that torch gives a raising default kernel.
 
     ``convolution_overrideable`` and its backward have a kernel for every backend (one that raises
-    "not implemented"), so the fallback never sees them: they get it as their PrivateUse1 kernel.
+    "not implemented"), and ``_to_copy``'s kernel for every backend asks PrivateUse1 for pinned host
+    memory on a non-blocking copy to the host (which a device registered from Python cannot provide):
+    the fallback never sees them, so they get it as their PrivateUse1 kernel.
 
     Returns:
         The ``torch.library.Library`` objects holding the registrations (they last as long as those do).
@@ -196,6 +202,10 @@ def register() -> list[torch.library.Library]:
     library = torch.library.Library("_", "IMPL")
     library.fallback(fallback, "PrivateUse1")
     overrides = torch.library.Library("aten", "IMPL")
-    for op in (aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default):
+    for op in (
+        aten.convolution_overrideable.default,
+        aten.convolution_backward_overrideable.default,
+        aten._to_copy.default,
+    ):
         overrides.impl(op._schema.name.split("::")[1], functools.partial(fallback, op), "PrivateUse1")
     return [library, overrides]
