@@ -5,7 +5,7 @@ backend registers a pass-through, silently stays in float32. :func:`register` gi
 ``AutocastPrivateUse1`` key a pass-through for every op and kernels for two lists, following torch's
 autocast policy of CUDA (which TorchTPU's bf16 autocast matches: Linear outputs bf16, a loss stays
 float32): :data:`LOWER_PRECISION` ops run in the autocast dtype (``torch.get_autocast_dtype("tpu")``,
-bfloat16 by default), :data:`FLOAT32` ops in float32. Only ``"tpu"`` floating tensors other than
+bfloat16 by default, as on TorchTPU), :data:`FLOAT32` ops in float32. Only ``"tpu"`` floating tensors other than
 float64 are cast, as torch's own autocast does.
 """
 
@@ -80,4 +80,5 @@ def register() -> torch.library.Library:
                 op = getattr(packet, overload)
                 aten.impl(name if overload == "default" else f"{name}.{overload}", _kernel(op, dtype), _KEY)
     library._autocast_kernels = aten  # type: ignore[attr-defined]
+    torch.set_autocast_dtype("tpu", torch.bfloat16)  # TorchTPU's default (torch's for PrivateUse1 is float16)
     return library
