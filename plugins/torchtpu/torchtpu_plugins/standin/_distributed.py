@@ -70,11 +70,11 @@ class TpuDistBackend(dist.ProcessGroup):  # type: ignore[misc]
     """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the constructor of a backend written in Python
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
 
     def barrier(self, opts: Any = None) -> _DoneWork:
-        self._gloo.barrier(opts or dist.BarrierOptions()).wait()
+        self._gloo.barrier(opts or dist.BarrierOptions()).wait()  # type: ignore[attr-defined]
         return _DoneWork(None)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)

@@ -47,4 +47,4 @@ def _clone(self: torch.UntypedStorage) -> torch.UntypedStorage:
 def install() -> None:
     """Route ``torch.UntypedStorage(n, device="tpu")`` and ``clone()`` of a ``"tpu"`` storage to host memory."""
     torch.UntypedStorage.__new__ = _new  # type: ignore[method-assign]
-    torch.UntypedStorage.clone = _clone  # type: ignore[method-assign]
+    torch.UntypedStorage.clone = _clone  # type: ignore[method-assign, assignment]

@@ -93,7 +93,7 @@ def _resize(self: torch.Tensor, size: list[int], memory_format: torch.memory_for
         grown = torch.empty(needed, dtype=torch.uint8)
         grown[: storage.nbytes()].copy_(_memory.cpu_view(_memory.tpu_tensor(storage, torch.uint8, 0, (storage.nbytes(),), (1,))))
         storage = _memory.adopt_storage(grown.untyped_storage())
-    return _set(self, storage, self.storage_offset(), tuple(size), tuple(stride))
+    return _set(self, storage, int(self.storage_offset()), tuple(size), tuple(stride))
 
 
 def _set(self: torch.Tensor, storage: torch.UntypedStorage, offset: int, size: Any, stride: Any) -> torch.Tensor:
@@ -101,12 +101,12 @@ def _set(self: torch.Tensor, storage: torch.UntypedStorage, offset: int, size: A
 
 
 def _set_from_storage(self: torch.Tensor, source: Any) -> torch.Tensor:
-    storage = source.untyped_storage() if isinstance(source, torch.TypedStorage) else source
+    storage = source._untyped_storage if isinstance(source, torch.TypedStorage) else source
     return _set(self, storage, 0, (storage.nbytes() // self.element_size(),), (1,))
 
 
 def _set_from_tensor(self: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    return _set(self, source.untyped_storage(), source.storage_offset(), tuple(source.size()), tuple(source.stride()))
+    return _set(self, source.untyped_storage(), int(source.storage_offset()), tuple(source.size()), tuple(source.stride()))
 
 
 def _set_empty(self: torch.Tensor) -> torch.Tensor:

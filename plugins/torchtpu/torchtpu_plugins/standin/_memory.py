@@ -59,7 +59,7 @@ def to_tpu(cpu: torch.Tensor, adopted: dict[int, torch.UntypedStorage]) -> torch
     key = cpu_storage._cdata
     if key not in adopted:
         adopted[key] = adopt_storage(cpu_storage)
-    return tpu_tensor(adopted[key], cpu.dtype, cpu.storage_offset(), tuple(cpu.size()), tuple(cpu.stride()))
+    return tpu_tensor(adopted[key], cpu.dtype, int(cpu.storage_offset()), tuple(cpu.size()), tuple(cpu.stride()))
 
 
 def cpu_view(tpu: torch.Tensor) -> torch.Tensor:
