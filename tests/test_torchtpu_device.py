@@ -162,7 +162,7 @@ def test_convolution_forward_and_backward_equal_cpu():
         out.square().sum().backward()
         grads[device] = [t.cpu() for t in (out, x.grad, conv[0].weight.grad, conv[1].bias.grad)]
         assert out.device.type == device
-    assert all(torch.equal(a, b) for a, b in zip(grads["tpu"], grads["cpu"]))
+    assert all(torch.equal(a, b) for a, b in zip(grads["tpu"], grads["cpu"], strict=True))
 
 
 def test_random_numbers_follow_torch_manual_seed_and_fork_rng():

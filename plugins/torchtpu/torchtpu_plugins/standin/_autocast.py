@@ -11,7 +11,8 @@ float64 are cast, as torch's own autocast does.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map

@@ -29,7 +29,9 @@ COLLECTIVES = (
 
 
 def _views(value: Any) -> Any:
-    return tree_map(lambda x: _memory.cpu_view(x) if isinstance(x, torch.Tensor) and x.device.type == "tpu" else x, value)
+    return tree_map(
+        lambda x: _memory.cpu_view(x) if isinstance(x, torch.Tensor) and x.device.type == "tpu" else x, value
+    )
 
 
 class _DoneWork(dist._Work):  # type: ignore[misc, name-defined]

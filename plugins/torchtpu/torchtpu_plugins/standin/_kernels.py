@@ -15,7 +15,8 @@ torch calls for convolutions on a device it has no kernel for) and its backward,
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
@@ -63,7 +64,17 @@ def _convolution_backward(
     # convolution_backward wants the bias's size: out_channels (weight's dim 1 times groups when transposed)
     bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
     return aten.convolution_backward.default(
-        grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+        grad_output,
+        input,
+        weight,
+        bias_sizes,
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
+        output_mask,
     )
 
 
@@ -91,7 +102,9 @@ def _resize(self: torch.Tensor, size: list[int], memory_format: torch.memory_for
     storage = self.untyped_storage()
     if needed > storage.nbytes():
         grown = torch.empty(needed, dtype=torch.uint8)
-        grown[: storage.nbytes()].copy_(_memory.cpu_view(_memory.tpu_tensor(storage, torch.uint8, 0, (storage.nbytes(),), (1,))))
+        grown[: storage.nbytes()].copy_(
+            _memory.cpu_view(_memory.tpu_tensor(storage, torch.uint8, 0, (storage.nbytes(),), (1,)))
+        )
         storage = _memory.adopt_storage(grown.untyped_storage())
     return _set(self, storage, int(self.storage_offset()), tuple(size), tuple(stride))
 
@@ -106,7 +119,9 @@ def _set_from_storage(self: torch.Tensor, source: Any) -> torch.Tensor:
 
 
 def _set_from_tensor(self: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    return _set(self, source.untyped_storage(), int(source.storage_offset()), tuple(source.size()), tuple(source.stride()))
+    return _set(
+        self, source.untyped_storage(), int(source.storage_offset()), tuple(source.size()), tuple(source.stride())
+    )
 
 
 def _set_empty(self: torch.Tensor) -> torch.Tensor:
