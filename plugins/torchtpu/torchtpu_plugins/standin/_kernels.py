@@ -35,47 +35,14 @@ def _check_index(device: torch.device) -> None:
         )
 
 
-def _convolution(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    transposed: bool,
-    output_padding: list[int],
-    groups: int,
-) -> torch.Tensor:
-    return aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+def _convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, *rest: Any) -> Any:
+    """``convolution_backward_overrideable`` as ``convolution_backward``, which also wants the bias's size.
 
-
-def _convolution_backward(
-    grad_output: torch.Tensor,
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    transposed: bool,
-    output_padding: list[int],
-    groups: int,
-    output_mask: list[bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # convolution_backward wants the bias's size: out_channels (weight's dim 1 times groups when transposed)
-    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]
-    return aten.convolution_backward.default(
-        grad_output,
-        input,
-        weight,
-        bias_sizes,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        output_padding,
-        groups,
-        output_mask,
-    )
+    ``rest``: stride, padding, dilation, transposed, output_padding, groups, output_mask (both ops' order).
+    """
+    transposed, groups = rest[3], rest[5]
+    bias_sizes = [weight.size(1) * groups if transposed else weight.size(0)]  # out_channels
+    return aten.convolution_backward.default(grad_output, input, weight, bias_sizes, *rest)
 
 
 def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -84,7 +51,7 @@ def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False
 
 #: Ops run as another CPU op (CPU has no kernel of their name), on the converted arguments.
 _CPU_EQUIVALENT: dict[Any, Callable[..., Any]] = {
-    aten.convolution_overrideable.default: _convolution,
+    aten.convolution_overrideable.default: aten.convolution.default,  # the same arguments
     aten.convolution_backward_overrideable.default: _convolution_backward,
     aten._copy_from.default: _copy_from,
 }
