@@ -29,7 +29,7 @@ def test_entry_point_runs_but_does_nothing_without_the_variable():
     # torch imported the entry point's module (and so its package), and that is all it cost
     assert report["modules"] == ["torchtpu_plugins", "torchtpu_plugins._autoload"]
     assert report["privateuse1"] == "privateuseone"
-    assert report["accelerator"] == "None"
+    assert report["accelerator"] != "tpu"  # None with torch's CPU build, "cuda" with its CUDA build (torch 2.11 here)
 
 
 def test_entry_point_imports_nothing_beyond_its_module():
