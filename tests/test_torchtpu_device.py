@@ -144,7 +144,8 @@ def test_bf16_autocast_casts_like_cpu_autocast():
         model.to(device)
         with torch.autocast(device, dtype=torch.bfloat16):
             out = model(x.to(device))
-            loss = torch.nn.functional.mse_loss(out, y.to(device))
+            # both bf16: only autocast's float32 list keeps the loss in float32
+            loss = torch.nn.functional.mse_loss(out, y.to(device, torch.bfloat16))
         results[device] = (out.dtype, loss.dtype, out.float().cpu(), loss.cpu())
     assert results["tpu"][:2] == (torch.bfloat16, torch.float32)
     assert results["tpu"][:2] == results["cpu"][:2]
