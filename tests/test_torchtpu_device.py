@@ -64,6 +64,8 @@ def test_views_share_the_tpu_memory():
     expected[:, 2] += 5
     expected.T[0].fill_(1)
     assert column.device.type == "tpu" and column._base is base
+    # one storage (which keeps the memory alive for the view), not a second one over the same bytes
+    assert column.untyped_storage()._cdata == base.untyped_storage()._cdata
     assert torch.equal(base.cpu(), expected)
 
 
