@@ -33,16 +33,16 @@ def test_entry_point_runs_but_does_nothing_without_the_variable():
 
 
 def test_entry_point_imports_nothing_beyond_its_module():
+    # torch's autoload off, so that nothing of ours is loaded before `before`; then what torch would run
     code = """
     import sys, torch
-    sys.modules.pop("torchtpu_plugins._autoload"); sys.modules.pop("torchtpu_plugins")
     before = set(sys.modules)
     from torchtpu_plugins._autoload import load
     load()
     print(sorted(set(sys.modules) - before))
     """
-    new = run_python(code, env={"TORCHTPU_PLUGINS_DEVICE": None}).stdout.splitlines()[-1]
-    assert new == "['torchtpu_plugins', 'torchtpu_plugins._autoload']"
+    env = {"TORCHTPU_PLUGINS_DEVICE": None, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    assert run_python(code, env=env).stdout.splitlines()[-1] == "['torchtpu_plugins', 'torchtpu_plugins._autoload']"
 
 
 def test_variable_installs_the_standin_at_import_torch():
