@@ -16,6 +16,26 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 #: Whether torch_xla is installed (absent in the core-only tox environment).
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+
+
+def _has_torchtpu_standin() -> bool:
+    """Whether torchtpu-plugins is installed with a torch it supports (>= 2.11), read without importing torch."""
+    if importlib.util.find_spec("torchtpu_plugins") is None:
+        return False
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        return Version(version("torch")).release >= (2, 11)
+    except PackageNotFoundError:
+        return False
+
+
+#: Whether the TorchTPU stand-in device can run here (the torchtpu-torch* tox cells).
+HAS_TORCHTPU_STANDIN = _has_torchtpu_standin()
+# Elsewhere (torch 2.9 with torch_xla, or no torchtpu-plugins) the stand-in's test modules are not collected.
+collect_ignore_glob = [] if HAS_TORCHTPU_STANDIN else ["test_torchtpu_*.py"]
 PRECISION_VARIABLES = ("XLA_USE_F16", "XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
 
@@ -52,12 +72,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if HAS_TORCH_XLA:
-        return
-    skip = pytest.mark.skip(reason="torch_xla is not installed")
+    skip_xla = pytest.mark.skip(reason="torch_xla is not installed")
+    skip_torchtpu = pytest.mark.skip(reason="torchtpu-plugins with torch >= 2.11 is not installed")
     for item in items:
-        if item.get_closest_marker("xla") is not None:
-            item.add_marker(skip)
+        if not HAS_TORCH_XLA and item.get_closest_marker("xla") is not None:
+            item.add_marker(skip_xla)
+        if not HAS_TORCHTPU_STANDIN and item.get_closest_marker("torchtpu") is not None:
+            item.add_marker(skip_torchtpu)
 
 
 @pytest.fixture(scope="session", autouse=True)
