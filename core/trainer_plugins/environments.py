@@ -29,7 +29,8 @@ its job (``TPU_WORKER_ID``, ``JOB_COMPLETION_INDEX``, ``SKYPILOT_NODE_RANK``).
 
 The connector (:meth:`trainer_plugins.Connector.choose_environment`) asks these in the order of
 ``trainer_plugins._builtin.HOST_ENVIRONMENTS``, after the accelerator's plugin's own environment
-(where it has one) and Lightning's launchers (:func:`launcher_variables`). Backend-free: nothing here imports a device runtime.
+(where it has one) and Lightning's launchers (:func:`launcher_variables`). Backend-free: nothing
+here imports a device runtime.
 """
 
 from __future__ import annotations
