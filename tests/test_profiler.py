@@ -1,9 +1,14 @@
-"""Lightning's XLAProfiler with manual optimization (Lightning #20206: the first `opt.step()` failed with
-"Expecting scope to be empty but it is [Strategy]...training_step", on every XLA strategy)."""
+"""Lightning's profilers on XLA: XLAProfiler with manual optimization (Lightning #20206: the first `opt.step()`
+failed with "Expecting scope to be empty but it is [Strategy]...training_step", on every XLA strategy), and
+every profiler's report with the plugin's listeners (compile monitor, goodput ledger) on as off."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import run_python
@@ -61,3 +66,29 @@ def test_xla_profiler_with_manual_optimization_trains_to_the_weights_of_the_plai
     runs = json.loads(result.stdout.splitlines()[-1])
     for strategy, _ in strategies:
         assert runs[f"{strategy} true"] == runs[f"{strategy} false"]
+
+
+PROFILED_FITS = Path(__file__).parent / "scripts" / "profiled_fits.py"
+
+
+@pytest.mark.slow  # a fresh interpreter with 16 fits: primary tox cell only (tox.ini)
+def test_every_lightning_profiler_reports_the_same_with_the_plugins_listeners_on_as_off():
+    # Lightning's Profiler.__del__ tears its profiler down: a listener's wrapper dropped at the compile
+    # monitor's teardown hook, before Lightning's describe(), emptied the AdvancedProfiler's report
+    result = subprocess.run(
+        [sys.executable, str(PROFILED_FITS)],
+        env={**os.environ, "PJRT_DEVICE": "CPU"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    fits = json.loads(result.stdout.splitlines()[-1])
+    for profiler in ("simple", "advanced", "pytorch", "xla"):
+        for optimization in ("automatic", "manual"):
+            on, off = fits[f"{profiler} {optimization} on"], fits[f"{profiler} {optimization} off"]
+            assert (on["listeners"], off["listeners"]) == (2, 0), (profiler, optimization)  # monitor and ledger
+            assert on["report"] == off["report"], (profiler, optimization)
+            # a report of the fit's steps, not an empty one
+            steps = [name for name in off["report"] if "training_step" in name or "validation_step" in name]
+            assert steps, (profiler, optimization, off["report"])
