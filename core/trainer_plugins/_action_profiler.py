@@ -58,7 +58,7 @@ class ActionProfiler(Profiler):
     """
 
     def __init__(self, inner: Profiler) -> None:
-        super().__init__()
+        # no Profiler.__init__: its attributes (dirpath, filename, the stage) are read from ``inner``
         self.inner = inner
         self._listeners: list[tuple[ActionListener, Optional[frozenset[str]], str]] = []
         #: the listeners' own actions started and not stopped, which ``inner`` was not told of (their
