@@ -108,14 +108,18 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool) -> l
 
     results = interleaved(list(SETTINGS), rounds, one)
     ratios = within_round_ratios(results["on"], results["off"])
+    below, trainer = sum(r < 1 for r in ratios), "quiet loop" if quiet else "defaults"
     lines = [
-        f"GPT byte LM ({n_layer} layers) on single_xla, PJRT CPU, the Trainer's {'quiet loop' if quiet else 'defaults'};"
+        f"GPT byte LM ({n_layer} layers) on single_xla, PJRT CPU, the Trainer's {trainer};"
         f" {steps} steps an epoch, steady state = epochs 2-{epochs}; median [min-max] of {rounds} interleaved rounds.",
         "| listeners | steps/s |",
         "|---|---|",
-        *(f"| {label} | {spread([f['steps_per_s'] for f in runs if 'error' not in f], 2)} |" for label, runs in results.items()),
+        *(
+            f"| {label} | {spread([f['steps_per_s'] for f in runs if 'error' not in f], 2)} |"
+            for label, runs in results.items()
+        ),
         "",
-        f"on / off within each round: {spread(ratios, 3, 'x')}; rounds below 1.0: {sum(r < 1 for r in ratios)} of {len(ratios)}",
+        f"on / off within each round: {spread(ratios, 3, 'x')}; rounds below 1.0: {below} of {len(ratios)}",
         f"ratios by round: {', '.join(f'{r:.3f}' for r in ratios)}",
     ]
     for label in SETTINGS:

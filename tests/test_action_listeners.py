@@ -1,4 +1,4 @@
-"""Listeners of Lightning's profiler actions (``trainer_plugins.add_action_listener``): one wrapper, the user's report kept.
+"""Listeners of Lightning's profiler actions (``trainer_plugins.add_action_listener``): one wrapper, the report kept.
 
 In-process, on Lightning's CPU accelerator (the mechanism names no backend): the compile monitor
 and the goodput ledger listen this way on XLA; tests/test_profiler.py compares their reports there.

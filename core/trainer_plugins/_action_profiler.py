@@ -72,7 +72,7 @@ class ActionProfiler(Profiler):
         return tuple(listener for listener, _, _ in self._listeners)
 
     def add(self, listener: ActionListener, actions: Optional[frozenset[str]] = None, own_prefix: str = "") -> None:
-        """Tell ``listener`` of the actions named in ``actions`` (``None``: all); ``inner`` is not told of ``own_prefix``'s.
+        """Tell ``listener`` of the actions named in ``actions`` (``None``: all), ``inner`` not of ``own_prefix``'s.
 
         Adding a listener again replaces its ``actions`` and ``own_prefix``.
         """
@@ -131,7 +131,7 @@ class ActionProfiler(Profiler):
         self.inner.describe()
 
     def __del__(self) -> None:
-        """Nothing: the wrapper owns nothing, and the wrapped profiler outlives it (Lightning's ``__del__`` would tear it down)."""
+        """Nothing: the wrapper owns nothing; the wrapped profiler outlives it (Lightning's ``__del__`` tears down)."""
 
     @property
     def _lightning_module(self) -> Any:

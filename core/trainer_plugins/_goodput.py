@@ -337,4 +337,3 @@ class GoodputLedger:
 
 def _warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=3)
-

@@ -91,7 +91,9 @@ def report_of(name: str, profiler, folder: str) -> dict[str, int]:
         return dict(profiler._step_recoding_map)
     text = "".join(path.read_text() for path in sorted(Path(folder).glob("*report*")))
     if name == "simple":
-        rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if "|" in line]
+        rows = [
+            [cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if "|" in line
+        ]
         header = next(row for row in rows if "Num calls" in row)
         column = header.index("Num calls")
         return {row[0]: int(row[column]) for row in rows if row is not header and row[column].isdigit()}
