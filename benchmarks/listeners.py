@@ -1,14 +1,15 @@
 """What the plugin's listeners (compile monitor, goodput ledger) cost a real model's step: on vs off, interleaved.
 
-    python benchmarks/listeners.py [--rounds 9] [--epochs 3] [--steps 20] [--n-layer 2] [--quiet]
+    python benchmarks/listeners.py [--rounds 9] [--epochs 3] [--steps 20] [--n-layer 2] [--quiet] [--processes]
     python benchmarks/listeners.py --listeners on|off [--profile] ...      # one run, as JSON on the last line
 
 Each run is benchmarks/gpt.py's ``plugin`` run on ``single_xla`` (the GPT byte LM of
 examples/gpt_stdlib.py on PJRT CPU), with the Trainer's defaults (logger, checkpoints, progress bar,
-model summary; ``--quiet``: gpt.py's quiet loop), in its own process: ``on`` with the listeners at
-their defaults, ``off`` with ``XLA_PLUGINS_GOODPUT=off XLA_PLUGINS_RECOMPILES=off``. Steps/s is the
-steady state (epochs 2 and later); ``on`` / ``off`` is taken within each round (benchmarks/rounds.py),
-and the rounds below 1.0 are counted.
+model summary; ``--quiet``: gpt.py's quiet loop): ``on`` with the listeners at their defaults,
+``off`` with ``XLA_PLUGINS_GOODPUT=off XLA_PLUGINS_RECOMPILES=off``. All fits run in one process
+after one fit that compiles the graphs (``--processes``: each in its own process). Steps/s is the
+steady state (epochs 2 and later); ``on`` / ``off`` is taken within each round
+(benchmarks/rounds.py), and the rounds below 1.0 are counted.
 
 ``--profile``: one untimed run under cProfile during its second epoch; prints the calls per step
 by package (``trainer_plugins``, ``xla_plugins``, all), the reads of torch_xla's metrics per step
@@ -98,20 +99,54 @@ def one_run(listeners: str, epochs: int, steps: int, n_layer: int, quiet: bool, 
     return figures
 
 
-def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool) -> list[str]:
-    """``rounds`` interleaved rounds of ``on`` and ``off``, then one profiled run of each: the lines to print."""
+def fits_in_this_process(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool) -> dict[str, list[dict]]:
+    """``rounds`` interleaved rounds of ``on`` and ``off`` fits in this process, after one fit left out.
+
+    The first fit compiles the graphs; the later ones find them in torch_xla's in-memory cache, so
+    each fit is seconds and a round's two fits are close in time (this machine's load changes less
+    between them than between two fresh processes).
+    """
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+    def one(label: str) -> dict:
+        saved = {name: os.environ.get(name) for name in SETTINGS["off"]}
+        os.environ.update(SETTINGS[label])
+        try:
+            return one_run(label, epochs, steps, n_layer, quiet, False)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    one("on")  # compiles
+    return interleaved(list(SETTINGS), rounds, one)
+
+
+def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, processes: bool) -> list[str]:
+    """``rounds`` interleaved rounds of ``on`` and ``off``, then one profiled run of each: the lines to print.
+
+    ``processes``: each fit in its own process (its compilation included, left out of the steady
+    state); otherwise all fits in one process (:func:`fits_in_this_process`).
+    """
     options = ["--epochs", str(epochs), "--steps", str(steps), "--n-layer", str(n_layer)]
     options += ["--quiet"] if quiet else []
 
     def one(label: str, *more: str) -> dict:
         return run("listeners.py", "--listeners", label, *options, *more, env=SETTINGS[label])
 
-    results = interleaved(list(SETTINGS), rounds, one)
+    if processes:
+        results = interleaved(list(SETTINGS), rounds, one)
+    else:
+        results = fits_in_this_process(rounds, epochs, steps, n_layer, quiet)
+    where = "a process a fit" if processes else "all fits in one process, the first left out"
     ratios = within_round_ratios(results["on"], results["off"])
     below, trainer = sum(r < 1 for r in ratios), "quiet loop" if quiet else "defaults"
     lines = [
         f"GPT byte LM ({n_layer} layers) on single_xla, PJRT CPU, the Trainer's {trainer};"
-        f" {steps} steps an epoch, steady state = epochs 2-{epochs}; median [min-max] of {rounds} interleaved rounds.",
+        f" {steps} steps an epoch, steady state = epochs 2-{epochs};"
+        f" median [min-max] of {rounds} interleaved rounds ({where}).",
         "| listeners | steps/s |",
         "|---|---|",
         *(
@@ -138,6 +173,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps an epoch")
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--quiet", action="store_true", help="gpt.py's quiet loop instead of the Trainer's defaults")
+    parser.add_argument("--processes", action="store_true", help="each fit in a fresh process (default: one process)")
     args = parser.parse_args()
     if args.listeners is not None:
         for name, value in SETTINGS[args.listeners].items():
@@ -146,7 +182,7 @@ def main() -> None:
         figures = one_run(args.listeners, args.epochs, args.steps, args.n_layer, args.quiet, args.profile)
         print(json.dumps(figures))
         return
-    print("\n".join(report(args.rounds, args.epochs, args.steps, args.n_layer, args.quiet)))
+    print("\n".join(report(args.rounds, args.epochs, args.steps, args.n_layer, args.quiet, args.processes)))
 
 
 if __name__ == "__main__":
