@@ -15,28 +15,14 @@ from conftest import run_python
 
 pytestmark = pytest.mark.xla
 
-SCRIPT = """
-import json, socket, torch, lightning as L
-from lightning.pytorch.demos.boring_classes import BoringModel
+SCRIPTS = Path(__file__).parent / "scripts"
+PROFILED_FITS = SCRIPTS / "profiled_fits.py"
+
+SCRIPT = f"""
+import json, sys, torch, lightning as L
 from lightning.pytorch.profilers import XLAProfiler
-
-class Manual(BoringModel):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        optimizer = self.optimizers()
-        loss = self.step(batch)
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
-        return loss
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, {str(SCRIPTS)!r})
+from profiled_fits import Manual, free_port  # a BoringModel with manual optimization
 
 def fit(strategy, devices, profiled):
     L.seed_everything(0)
@@ -47,7 +33,7 @@ def fit(strategy, devices, profiled):
     trainer.fit(model)
     return [x for p in model.parameters() for x in p.detach().cpu().flatten().tolist()]
 
-print(json.dumps({f"{s} {str(p).lower()}": fit(s, d, p) for s, d in STRATEGIES for p in (True, False)}))
+print(json.dumps({{f"{{s}} {{str(p).lower()}}": fit(s, d, p) for s, d in STRATEGIES for p in (True, False)}}))
 """
 
 
@@ -66,9 +52,6 @@ def test_xla_profiler_with_manual_optimization_trains_to_the_weights_of_the_plai
     runs = json.loads(result.stdout.splitlines()[-1])
     for strategy, _ in strategies:
         assert runs[f"{strategy} true"] == runs[f"{strategy} false"]
-
-
-PROFILED_FITS = Path(__file__).parent / "scripts" / "profiled_fits.py"
 
 
 @pytest.mark.slow  # a fresh interpreter with 16 fits: primary tox cell only (tox.ini)
