@@ -47,6 +47,7 @@ class ActionProfiler(Profiler):
     Actions named with a listener's ``own_prefix`` (a listener that is also a callback: its own
     hooks) are not passed on to ``inner``, so that the user's report holds the actions it holds
     without the listeners.
+
     With one listener that hears every action around Lightning's ``PassThroughProfiler`` (which
     does nothing at start and stop), the listener's methods are called directly: one Python call
     per boundary, as the default profiler's own.
