@@ -73,6 +73,10 @@ RUNS = (
 )
 
 
+#: the Trainer's flags of the quiet loop
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
 class QuietGPTModule(GPTModule):
     """:class:`GPTModule` without ``self.log``: the Trainer does the raw loop's work on the device."""
 
@@ -126,9 +130,20 @@ def run_raw(strategy: str, config: GPTConfig, epochs: int, steps: int, meter: th
 
 
 def run_trainer(
-    mode: str, strategy: str, config: GPTConfig, epochs: int, steps: int, meter: throughput.Meter
+    mode: str,
+    strategy: str,
+    config: GPTConfig,
+    epochs: int,
+    steps: int,
+    meter: throughput.Meter,
+    quiet: bool = True,
+    callbacks: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
-    """``fit`` with the plugin's Trainer (``mode="plugin"``) or Lightning's own XLA classes (``"lightning"``)."""
+    """``fit`` with the plugin's Trainer (``mode="plugin"``) or Lightning's own XLA classes (``"lightning"``).
+
+    ``quiet=False``: the Trainer's defaults (logger, checkpoints, progress bar, model summary) in
+    place of the quiet loop; ``callbacks``: more of the Trainer's callbacks.
+    """
     import lightning as L
 
     losses: list[torch.Tensor] = []
@@ -151,12 +166,9 @@ def run_trainer(
         trainer = L.Trainer(
             max_epochs=epochs,
             limit_train_batches=steps,
-            callbacks=[throughput.timing_callback(meter), Losses()],
+            callbacks=[throughput.timing_callback(meter), Losses(), *callbacks],
             default_root_dir=root,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            **(QUIET if quiet else {}),
             **flags,
         )
         meter.begin()

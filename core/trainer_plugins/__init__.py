@@ -31,9 +31,9 @@ _EXPORTS = {
     "trainer_plugins._action_profiler": (
         "ActionListener",
         "ActionProfiler",
-        "profiler_chain",
-        "remove_profiler",
-        "wrap_innermost_profiler",
+        "action_listeners",
+        "add_action_listener",
+        "remove_action_listener",
     ),
     "trainer_plugins._goodput": ("GoodputLedger", "ledger_of", "start_ledger"),
     "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger"),

@@ -68,7 +68,7 @@ from typing import Any, Optional
 import fsspec
 from lightning.fabric.utilities.rank_zero import rank_zero_module
 
-from trainer_plugins._action_profiler import ActionProfiler, profiler_chain, remove_profiler
+from trainer_plugins._action_profiler import action_listeners, add_action_listener, remove_action_listener
 from trainer_plugins._goodput_clock import RANKS, BucketClock, process_start
 from trainer_plugins._goodput_ledger import LedgerFormatError, RunLedger, metrics, resumed, table_lines
 from trainer_plugins._goodput_record import NoLedgerError, StampWriter, read_ledger, record_folder, write_record
@@ -133,7 +133,7 @@ class GoodputLedger:
         writes = bool(trainer.loggers or trainer.checkpoint_callbacks) and fsspec.utils.get_protocol(root) == "file"
         self.folder: Optional[str] = record_folder(root) if writes else None
         self._stamp: Optional[StampWriter] = None
-        self._profiler: Optional[ActionProfiler] = None
+        self._listening = False
         self._exception: Optional[BaseException] = None
         self._trained = False
         self._starts: dict[str, Callable[[], Any]] = {}
@@ -147,8 +147,8 @@ class GoodputLedger:
     def watch(self) -> None:
         """Hear the trainer's profiler actions from now on (call it from ``setup_environment``: the model is connected).
 
-        Wraps ``trainer.profiler`` before Lightning sets it up (the wrapper passes the set-up on) and
-        before other wrappers (the compile monitor's), which stay outside it.
+        Listens before Lightning sets the profiler up (the core's wrapper passes the set-up on), to the
+        actions of its boundaries only (:func:`~trainer_plugins._action_profiler.add_action_listener`).
         """
         trainer, clock = self.trainer, self.clock
         strategy, module = type(trainer.strategy).__name__, type(trainer.lightning_module).__name__
@@ -169,12 +169,11 @@ class GoodputLedger:
             _BATCH: self._step_ended,
             _EPOCH: self._epoch_ended,
         }
-        self._unwatch()
-        for stale in list(profiler_chain(trainer.profiler)):
-            if isinstance(stale, _LedgerProfiler):  # left by an earlier fit of this trainer that had no teardown
-                remove_profiler(trainer, stale)
-        self._profiler = _LedgerProfiler(trainer.profiler, self, frozenset(self._starts) | frozenset(self._stops))
-        trainer.profiler = self._profiler
+        for stale in action_listeners(trainer):
+            if isinstance(stale, GoodputLedger):  # left by an earlier fit of this trainer that had no teardown
+                remove_action_listener(trainer, stale)
+        add_action_listener(trainer, self, frozenset(self._starts) | frozenset(self._stops))
+        self._listening = True
 
     def enter(self, action_name: str) -> None:
         """A profiler action starts (see :class:`~trainer_plugins._action_profiler.ActionProfiler`)."""
@@ -315,9 +314,9 @@ class GoodputLedger:
         return self.ledger
 
     def _unwatch(self) -> None:
-        if self._profiler is not None:
-            remove_profiler(self.trainer, self._profiler)
-            self._profiler = None
+        if self._listening:
+            remove_action_listener(self.trainer, self)
+            self._listening = False
 
     def _write(self) -> None:
         if self.folder is not None:
@@ -338,7 +337,3 @@ class GoodputLedger:
 
 def _warn(message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=3)
-
-
-class _LedgerProfiler(ActionProfiler):
-    """The trainer's profiler wrapped for a :class:`GoodputLedger` (a class of its own, to be found again)."""

@@ -11,9 +11,10 @@ warm-up reports every new compilation and every host read inside a step, once pe
 
 **Phases.** Lightning wraps every hook it calls (``training_step``, ``backward``,
 ``optimizer_step``, each callback's and the module's hooks, loading the next batch) in
-``trainer.profiler.profile("<action>")``. For the run, the trainer's profiler is wrapped in
-:class:`PhaseProfiler`, which passes every call on to the user's profiler and, at each action's start
-and stop, reads torch_xla's ``UncachedCompile`` counter (one C++ call, about 0.2 us). Compilations
+``trainer.profiler.profile("<action>")``. For the run, the monitor listens to those actions
+(``trainer_plugins.add_action_listener``: the core's one wrapper of the trainer's profiler, which
+passes every call on to the user's profiler) and, at each action's start and stop, reads
+torch_xla's ``UncachedCompile`` counter (one C++ call, about 0.2 us). Compilations
 since the last boundary belong to the innermost running action, so each is counted exactly once;
 Lightning's own loop work between hooks (logging, progress) is counted under the enclosing loop
 action. The profiler route needs no patching of Lightning's functions and sees the callback class
@@ -62,11 +63,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from trainer_plugins import wrap_innermost_profiler
+from trainer_plugins import add_action_listener, remove_action_listener
 from xla_plugins import _runtime, _torch_xla_contract, compile_cache
 from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
-from xla_plugins.loop_phases import Counts, Phase, PhaseProfiler, read_counters
+from xla_plugins.loop_phases import Counts, Phase, read_counters
 from xla_plugins.recompile_budget import (
     BUDGET_VARIABLE,
     BUDGETS,
@@ -297,19 +298,19 @@ class CompileMonitor(Callback):
     # -- the end of the run -----------------------------------------------------------------------
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Count the rest, print the summary, give the trainer its own profiler back, unwrap the reads."""
+        """Count the rest, print the summary, stop listening to the trainer's profiler, unwrap the reads."""
         self._flush()
         unwrap_reads()
-        PhaseProfiler.unwrap(trainer)
+        remove_action_listener(trainer, self)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
         self._log_summary()
         compile_cache.warn_if_unreadable()
         self._trainer = None
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """Unwrap the reads and give the trainer its own profiler back (a run that raised has no teardown)."""
+        """Unwrap the reads and stop listening to the trainer's profiler (a run that raised has no teardown)."""
         unwrap_reads()
-        PhaseProfiler.unwrap(trainer)
+        remove_action_listener(trainer, self)
 
     def _log_summary(self) -> None:
         """Log :attr:`summary`'s lines if this replica is global rank 0 (its strategy's own rank, read at the start).
@@ -343,24 +344,24 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         ValueError: ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is not one of :data:`BUDGETS`.
     """
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
-    PhaseProfiler.unwrap(trainer)  # left by a run that raised
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
         unwrap_reads()
         if monitor is not None:  # left by an earlier run of this trainer: it must not report on this one
             trainer.callbacks.remove(monitor)
+            remove_action_listener(trainer, monitor)
         return None
     if monitor is None:
         monitor = CompileMonitor(chosen)
         trainer.callbacks.append(monitor)
     monitor.budget = chosen
     monitor._start_run(trainer)
-    wrap_innermost_profiler(trainer, lambda inner: PhaseProfiler(inner, monitor))  # inside the goodput ledger's wrapper
+    add_action_listener(trainer, monitor, own_prefix=_OWN_HOOKS)  # again after a run that raised: still one listener
     wrap_reads(monitor)
     return monitor
 
 
-# The budget's names, READ_METHODS, read_counters and PhaseProfiler live in recompile_budget,
+# The budget's names, READ_METHODS and read_counters live in recompile_budget,
 # host_reads and loop_phases; they stay importable from here, where the API reference named them
 # before the split and the user guide names LateCompilationWarning and LateCompilationError.
 __all__ = [
@@ -371,7 +372,6 @@ __all__ = [
     "CompileMonitor",
     "LateCompilationError",
     "LateCompilationWarning",
-    "PhaseProfiler",
     "budget",
     "check_budget",
     "install",

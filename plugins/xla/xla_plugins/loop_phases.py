@@ -2,9 +2,9 @@
 
 Lightning wraps every hook it calls (``training_step``, ``backward``, ``optimizer_step``, each
 callback's and the module's hooks, loading the next batch) in ``trainer.profiler.profile("<action>")``.
-For a monitored run, the trainer's profiler is wrapped in :class:`PhaseProfiler`, which passes every
-call on to the user's profiler and hands each action's start and stop to the compile monitor
-(:mod:`xla_plugins.compile_monitor`). Each action is a :class:`Phase`, with its calls and its
+For a monitored run, the compile monitor (:mod:`xla_plugins.compile_monitor`) hears each action's
+start and stop as a listener of the core's ``ActionProfiler`` (``trainer_plugins.add_action_listener``),
+which passes every call on to the user's profiler. Each action is a :class:`Phase`, with its calls and its
 :class:`Counts` (from torch_xla's counter ``UncachedCompile`` and metrics ``CompileTime`` and
 ``TransferFromDeviceTime``, :func:`read_counters`).
 """
@@ -12,11 +12,8 @@ call on to the user's profiler and hands each action's start and stop to the com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Optional
 
-from lightning.pytorch.profilers import Profiler
-
-from trainer_plugins import ActionProfiler, profiler_chain, remove_profiler
 from xla_plugins import _torch_xla_contract
 
 #: Hooks that run inside a step: a host read from the user's code in one of them is reported.
@@ -144,40 +141,4 @@ class Phase:
         return self.hook in _STEP_HOOKS or (self.hook.startswith("on_") and "_batch_" in self.hook)
 
 
-class PhaseBoundaries(Protocol):
-    """What :class:`PhaseProfiler` tells of each profiler action: the compile monitor (``CompileMonitor``)."""
-
-    def enter(self, action_name: str) -> None:
-        """The profiler action ``action_name`` starts."""
-
-    def leave(self, action_name: str) -> None:
-        """The profiler action ``action_name`` stops."""
-
-
-class PhaseProfiler(ActionProfiler):
-    """The trainer's profiler, wrapped: every call goes on to ``inner``; action boundaries go to ``monitor``.
-
-    The core's :class:`~trainer_plugins.ActionProfiler`, with the compile monitor as its
-    listener (a class of its own, so that the monitor finds its wrapper again).
-
-    Args:
-        inner: the profiler the trainer had (Lightning's ``PassThroughProfiler`` by default).
-        monitor: the compile monitor of the run (:class:`~xla_plugins.compile_monitor.CompileMonitor`).
-    """
-
-    def __init__(self, inner: Profiler, monitor: PhaseBoundaries) -> None:
-        super().__init__(inner, monitor)
-
-    @property
-    def monitor(self) -> PhaseBoundaries:
-        return self.listener
-
-    @staticmethod
-    def unwrap(trainer: Any) -> None:
-        """Take the monitor's wrapper out of ``trainer.profiler``'s chain, wherever another wrapper put it."""
-        for profiler in list(profiler_chain(trainer.profiler)):
-            if isinstance(profiler, PhaseProfiler):
-                remove_profiler(trainer, profiler)
-
-
-__all__ = ["FABRIC", "CompileSeconds", "Counts", "Phase", "PhaseBoundaries", "PhaseProfiler", "read_counters"]
+__all__ = ["FABRIC", "CompileSeconds", "Counts", "Phase", "read_counters"]
