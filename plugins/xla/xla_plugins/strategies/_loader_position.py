@@ -90,10 +90,18 @@ def _length(loader: Any) -> Optional[int]:
 
 
 class _Epoch:
-    """One epoch's iteration of a :class:`ResumableLoader`: the inner iterator, made at the first ``next()``."""
+    """One epoch's (or, in a ``CombinedLoader``'s ``max_size_cycle`` mode, one pass's) iteration of a :class:`ResumableLoader`.
 
-    def __init__(self, owner: ResumableLoader, epoch: int) -> None:
-        self.owner, self.epoch = owner, epoch
+    Outside a resume from inside an epoch the inner iterator is made at once (``iter()`` passed
+    straight through, so the host random numbers are drawn where plain Lightning draws them); in a
+    resume from inside an epoch it is made at the first ``next()``. The fit's epoch is read at the
+    first ``next()`` in both cases: Lightning makes the iterator of a resumed fit's first epoch
+    before its loop decides which epoch that is.
+    """
+
+    def __init__(self, owner: ResumableLoader, eager: bool) -> None:
+        self.owner = owner
+        self.epoch = -1  # decided at the first next()
         self.started = False
         self.fetched = 0  # inner batches fetched in this epoch
         self.start_states: Optional[dict] = None
@@ -101,12 +109,15 @@ class _Epoch:
         self.before_fetch: Optional[collections.deque] = None
         self._iterator: Optional[Iterator] = None
         self._restores: list[dict] = []  # host states to set before the next fetches, in order (a resume)
+        if eager:
+            self.start_states = host_states()
+            self._iterator = iter(owner.loader)
 
     def __iter__(self) -> _Epoch:
         return self
 
     def __next__(self) -> Any:
-        if self._iterator is None:
+        if not self.started:
             self._start()
         if self._restores:
             restore_host_states(self._restores.pop(0))
@@ -114,15 +125,15 @@ class _Epoch:
             self.before_fetch.append(host_states())
         batch = next(self._iterator)  # type: ignore[arg-type]
         self.fetched += 1
+        self.owner.fetched_any = True
         return batch
 
     def _start(self) -> None:
         owner, loader = self.owner, self.owner.loader
         self.started = True
-        owner.current = self
+        self.epoch = owner.trainer.fit_loop.epoch_progress.current.processed
         if _length(loader) is None:
             self.before_fetch = collections.deque(maxlen=4 * owner.per_step + 4)
-        _set_sampler_epoch(loader, self.epoch)
         state = owner.pending
         if state is not None and state["complete"] and state["epoch"] == self.epoch:
             # the epoch was trained to its end: nothing is left of it (Lightning asks for one more batch
@@ -130,11 +141,15 @@ class _Epoch:
             # state waits for the next epoch's iterator
             self._iterator = iter(())
             return
+        owner.current = self
         owner.pending = None
         expected = None if state is None else state["epoch"] + (1 if state["complete"] else 0)
         if state is not None and expected != self.epoch:
             owner.warn(f"it holds the position of epoch {expected}, the loop resumed in epoch {self.epoch}")
             state = None
+        if self._iterator is not None:  # made at iter(): a fresh epoch (its random states set there, if resumed)
+            return
+        _set_sampler_epoch(loader, self.epoch)
         if state is None or state["complete"] or state["start_states"] is None or owner.inner_stateful:
             if state is not None:
                 restore_host_states(state["states"])
@@ -171,11 +186,22 @@ class ResumableLoader:
     current: Optional[_Epoch]
     #: A state loaded by :meth:`load_state_dict` that no iteration has started from yet.
     pending: Optional[dict[str, Any]]
+    #: Whether a batch was fetched in this fit (a resume's random states are set before the first only).
+    fetched_any: bool
     _warned: bool
+    _consulted: bool
 
     def __init__(self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1) -> None:
         self.__dict__.update(
-            loader=loader, trainer=trainer, seeds=seeds, per_step=per_step, current=None, pending=None, _warned=False
+            loader=loader,
+            trainer=trainer,
+            seeds=seeds,
+            per_step=per_step,
+            current=None,
+            pending=None,
+            fetched_any=False,
+            _warned=False,
+            _consulted=False,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -194,7 +220,53 @@ class ResumableLoader:
         return len(self.loader)
 
     def __iter__(self) -> _Epoch:
-        return _Epoch(self, self.trainer.fit_loop.epoch_progress.current.processed)
+        """The iteration of an epoch (or pass); see :class:`_Epoch` for when the inner iterator is made.
+
+        A state at an epoch's end (``complete``) that no batch was fetched after yet sets the host
+        random states of the checkpoint before the inner iterator is made (by the fit's first
+        stateful loader: the others follow it, as their ``iter()`` followed its in the run that wrote
+        the checkpoint), at every such ``iter()``: Lightning makes a resumed fit's iterator once
+        more when its epoch loop restarts after the epoch's validation.
+        """
+        self._consult_checkpoint()
+        state = self.pending
+        if state is not None and not state["complete"]:
+            return _Epoch(self, eager=False)
+        if state is not None and not any(sibling.fetched_any for sibling in self._siblings()):
+            siblings = self._siblings()
+            if not siblings or siblings[0] is self:
+                restore_host_states(state["states"])
+        return _Epoch(self, eager=True)
+
+    def _siblings(self) -> list[ResumableLoader]:
+        """The fit's stateful training loaders (``CombinedLoader.flattened``), as resumable loaders, in order."""
+        combined = getattr(self.trainer.fit_loop, "_combined_loader", None)
+        found = []
+        for loader in getattr(combined, "flattened", None) or ():
+            owner = getattr(getattr(loader, "state_dict", None), "__self__", None)
+            if isinstance(owner, ResumableLoader):
+                found.append(owner)
+        return found
+
+    def _consult_checkpoint(self) -> None:
+        """Take this loader's state from the checkpoint the fit resumes, where Lightning does not give it.
+
+        Lightning's fit loop gives the stateful loaders their states only when it restarts inside an
+        epoch (``_FitLoop._load_combined_loader_states``); resumed from a checkpoint written after an
+        epoch's end, it keeps them unread (``_combined_loader_states_to_load``), and the random states
+        there are what the next epoch's shuffle is drawn from. Read once per fit, at its first ``iter()``.
+        """
+        if self._consulted:
+            return
+        self._consulted = True
+        loop = self.trainer.fit_loop
+        states = getattr(loop, "_combined_loader_states_to_load", None)
+        if self.pending is not None or not states or not getattr(loop, "_loaded_from_state_dict", False):
+            return
+        stateful = [loader for loader in loop._combined_loader.flattened if isinstance(loader, _Stateful)]
+        mine = [i for i, loader in enumerate(stateful) if getattr(loader, "state_dict", None) == self.state_dict]
+        if mine and mine[0] < len(states) and isinstance(states[mine[0]], dict):
+            self.load_state_dict(states[mine[0]])
 
     @property
     def inner_stateful(self) -> bool:
