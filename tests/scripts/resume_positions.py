@@ -10,7 +10,7 @@ devices unless ``single_xla``; ``xla`` through tests/xla_cpu_harness.py when ``H
 folder). The uninterrupted fit runs first and writes, with ``trainer.save_checkpoint``, one
 checkpoint per position class of epoch 0 (epoch 1 for ``mid1``):
 
-* ``mid``: ``on_train_batch_end`` of batch 3 (mid-epoch);
+* ``mid``: ``on_train_batch_end`` of batch 2 (mid-epoch; ``mid1``: of batch 4 of epoch 1);
 * ``last``: ``on_train_batch_end`` of batch 7, the epoch's last, before its validation;
 * ``val``: ``on_validation_end`` of the epoch-end validation;
 * ``next``: ``on_train_epoch_end``, after the validation, before the next epoch's first batch.
@@ -24,7 +24,8 @@ had, on global rank 0; for ``stop:P``, of the stopped fit and the resumed one), 
 ``same_weights`` (whether the final weights equal the uninterrupted fit's bit for bit); the
 uninterrupted fit's line is ``CASE uninterrupted``. ``--plain``: also on CPU with plain Lightning
 (``accelerator="cpu"``), lines ``PLAIN <name> <json>`` with the same fields (no weights check:
-another device).
+another device), and the model has no dropout (on CPU it draws from the host generator the
+loaders' shuffles come from, on XLA from the device's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ parser.add_argument("--cases", default="ckpt:mid,ckpt:last,ckpt:val,ckpt:next")
 parser.add_argument("--plain", action="store_true")
 args = parser.parse_args()
 DEVICES = 1 if args.strategy == "single_xla" else 4
+# dropout draws from torch's CPU generator on CPU (the device's on XLA): none where plain Lightning is compared
+DROPOUT = float(not args.plain) * 0.5
 
 
 class Indexed(Dataset):
@@ -79,7 +82,7 @@ class Model(L.LightningModule):
     def __init__(self, saves: dict, stop: str) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(DROPOUT) if DROPOUT else torch.nn.Identity(), torch.nn.Linear(16, 1)
         )
         self.saves, self.stop = saves, stop  # position -> checkpoint path; the position to stop at
         self.batches: list = []
@@ -105,8 +108,9 @@ class Model(L.LightningModule):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        if batch_idx == 3:
+        if batch_idx == 2:  # with two loaders: the shorter one's first pass has just ended
             self._at("mid")
+        if batch_idx == 4:  # with two loaders: inside the shorter one's second pass
             self._at("mid1")
         if batch_idx == TRAIN_BATCHES - 1 and "last" in self.saves:
             self._at("last")

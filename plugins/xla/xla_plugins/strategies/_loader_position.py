@@ -103,8 +103,10 @@ class _Epoch:
         self.owner = owner
         self.epoch = -1  # decided at the first next()
         self.started = False
-        self.fetched = 0  # inner batches fetched in this epoch
-        self.start_states: Optional[dict] = None
+        self.fetched = 0  # inner batches fetched in this epoch (pass)
+        self.offset = 0  # the loader's batches fetched in the fit's epoch before this pass
+        self.start_states: Optional[dict] = None  # host states at iter()
+        self.first_fetch_states: Optional[dict] = None  # host states before the first fetch (a sampler's seed)
         # host states before each fetch, for a loader without length (Lightning fetches ahead of training)
         self.before_fetch: Optional[collections.deque] = None
         self._iterator: Optional[Iterator] = None
@@ -123,8 +125,11 @@ class _Epoch:
             restore_host_states(self._restores.pop(0))
         if self.before_fetch is not None:
             self.before_fetch.append(host_states())
+        if self.fetched == 0:
+            self.first_fetch_states = host_states()
         batch = next(self._iterator)  # type: ignore[arg-type]
         self.fetched += 1
+        self.owner.epoch_fetched += 1
         self.owner.fetched_any = True
         return batch
 
@@ -143,6 +148,9 @@ class _Epoch:
             return
         owner.current = self
         owner.pending = None
+        if owner.counted_epoch != self.epoch:
+            owner.counted_epoch, owner.epoch_fetched = self.epoch, 0
+        self.offset = owner.epoch_fetched
         expected = None if state is None else state["epoch"] + (1 if state["complete"] else 0)
         if state is not None and expected != self.epoch:
             owner.warn(f"it holds the position of epoch {expected}, the loop resumed in epoch {self.epoch}")
@@ -159,8 +167,14 @@ class _Epoch:
         restore_host_states(state["start_states"])
         self.start_states = state["start_states"]
         self._iterator = iter(loader)
+        first_fetch = state.get("first_fetch_states")
+        if first_fetch is not None and state["trained"]:
+            restore_host_states(first_fetch)  # other loaders' iter() came between (a CombinedLoader)
+            self.first_fetch_states = first_fetch
         _skip(self._iterator, loader, state["trained"])
         self.fetched = state["trained"]
+        self.offset = state.get("offset", 0)
+        owner.epoch_fetched = self.offset + self.fetched
         self._restores = [*state["before_fetch"], state["states"]]
 
 
@@ -188,6 +202,9 @@ class ResumableLoader:
     pending: Optional[dict[str, Any]]
     #: Whether a batch was fetched in this fit (a resume's random states are set before the first only).
     fetched_any: bool
+    #: The loader's batches fetched in the fit's epoch ``counted_epoch`` (over its passes, in ``max_size_cycle``).
+    epoch_fetched: int
+    counted_epoch: int
     _warned: bool
     _consulted: bool
 
@@ -200,6 +217,8 @@ class ResumableLoader:
             current=None,
             pending=None,
             fetched_any=False,
+            epoch_fetched=0,
+            counted_epoch=-1,
             _warned=False,
             _consulted=False,
         )
@@ -284,13 +303,16 @@ class ResumableLoader:
             trained = progress.current.processed if epoch is not None else 0
             complete = epoch is not None and (progress.is_last_batch or trained >= self.trainer.num_training_batches)
             before = list(epoch.before_fetch or ()) if epoch is not None else []
-            ahead = epoch.fetched - trained * self.per_step if epoch is not None else 0
+            ahead = self.epoch_fetched - trained * self.per_step if epoch is not None else 0
+            offset = epoch.offset if epoch is not None else 0
             state = {
                 "version": STATE_VERSION,
                 "epoch": epoch.epoch if epoch is not None else loop.epoch_progress.current.processed,
-                "trained": trained * self.per_step,
+                "trained": trained * self.per_step - offset,
+                "offset": offset,
                 "complete": complete,
                 "start_states": epoch.start_states if epoch is not None else None,
+                "first_fetch_states": epoch.first_fetch_states if epoch is not None else None,
                 "before_fetch": before[len(before) - ahead :] if 0 < ahead <= len(before) else [],
                 "states": host_states(),
                 "run_seed": self.seeds.run_seed,
