@@ -58,6 +58,13 @@ parser.add_argument("--cases", default="ckpt:mid,ckpt:last,ckpt:val,ckpt:next")
 parser.add_argument("--plain", action="store_true")
 args = parser.parse_args()
 DEVICES = 1 if args.strategy == "single_xla" else 4
+EVENTS = os.path.join(args.root, "events.jsonl")  # of the fit under way (the spawn strategy's workers write too)
+
+
+def event(kind: str, value) -> None:
+    """Note a training batch's sample indices, a validation's epoch or the final step (global rank 0's)."""
+    with open(EVENTS, "a") as stream:
+        stream.write(json.dumps([kind, value]) + "\n")
 # dropout draws from torch's CPU generator on CPU (the device's on XLA): none where plain Lightning is compared
 DROPOUT = float(not args.plain) * 0.5
 
@@ -85,8 +92,6 @@ class Model(L.LightningModule):
             torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(DROPOUT) if DROPOUT else torch.nn.Identity(), torch.nn.Linear(16, 1)
         )
         self.saves, self.stop = saves, stop  # position -> checkpoint path; the position to stop at
-        self.batches: list = []
-        self.validations: list = []
 
     def _at(self, position: str) -> None:
         if self.current_epoch != (1 if position == "mid1" else 0):
@@ -100,7 +105,7 @@ class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
         parts = batch if args.loaders == "two" else [batch]
         if self.global_rank == 0:
-            self.batches.append([part[2].cpu().tolist() for part in parts])
+            event("batch", [part[2].cpu().tolist() for part in parts])
         if batch_idx == TRAIN_BATCHES - 1 and self.stop == "last":
             self._at("last")
         loss = sum(torch.nn.functional.mse_loss(self.net(x), y) for x, y, _ in parts)
@@ -115,13 +120,18 @@ class Model(L.LightningModule):
         if batch_idx == TRAIN_BATCHES - 1 and "last" in self.saves:
             self._at("last")
 
+    def on_train_end(self):
+        if self.global_rank == 0:
+            event("steps", self.global_step)
+
     def validation_step(self, batch, batch_idx):
         x, y, _ = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
     def on_validation_end(self):
         if not self.trainer.sanity_checking:
-            self.validations.append(self.current_epoch)
+            if self.global_rank == 0:
+                event("validated", self.current_epoch)
             self._at("val")
 
     def on_train_epoch_end(self):
@@ -144,6 +154,8 @@ def loaders():
 
 def fit(root: str, plain: bool, saves: dict, stop: str = "", ckpt_path=None) -> Model:
     L.seed_everything(1234, verbose=False)
+    os.makedirs(args.root, exist_ok=True)
+    open(EVENTS, "w").close()
     model = Model(saves, stop)
     train, val = loaders()
     device = {"accelerator": "cpu", "devices": 1} if plain else {"accelerator": "xla", "strategy": args.strategy}
@@ -162,7 +174,12 @@ def fit(root: str, plain: bool, saves: dict, stop: str = "", ckpt_path=None) -> 
         trainer.fit(model, train, val, ckpt_path=ckpt_path)
     except SystemExit as stopped:
         assert stopped.code == 143, stopped.code
-    model.steps = trainer.global_step
+    with open(EVENTS) as stream:
+        events = [json.loads(line) for line in stream]
+    os.remove(EVENTS)
+    model.batches = [value for kind, value in events if kind == "batch"]
+    model.validations = [value for kind, value in events if kind == "validated"]
+    model.steps = next((value for kind, value in events if kind == "steps"), None)
     return model
 
 

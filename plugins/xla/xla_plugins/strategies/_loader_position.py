@@ -40,6 +40,7 @@ its state); the random states are still restored.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -52,6 +53,9 @@ from xla_plugins.strategies._rng_states import host_states, restore_host_states
 
 #: Version of the state a :class:`ResumableLoader` writes; a state of another version is refused with a warning.
 STATE_VERSION = 1
+
+#: Seconds a loader thread fetching ahead waits for the fit's loop to start (:meth:`ResumableLoader.wait_for_the_loop`).
+LOOP_START_TIMEOUT_S = 600
 
 #: The checkpoint's top-level key for the training loaders' positions (Lightning leaves keys it does not know).
 CHECKPOINT_KEY = "xla_plugins_loader_positions"
@@ -136,6 +140,7 @@ class _Epoch:
     def _start(self) -> None:
         owner, loader = self.owner, self.owner.loader
         self.started = True
+        owner.wait_for_the_loop()
         self.epoch = owner.trainer.fit_loop.epoch_progress.current.processed
         if _length(loader) is None:
             self.before_fetch = collections.deque(maxlen=4 * owner.per_step + 4)
@@ -155,9 +160,9 @@ class _Epoch:
         if state is not None and expected != self.epoch:
             owner.warn(f"it holds the position of epoch {expected}, the loop resumed in epoch {self.epoch}")
             state = None
+        _set_sampler_epoch(loader, self.epoch)  # as Lightning did, unless a loader thread fetches ahead of it
         if self._iterator is not None:  # made at iter(): a fresh epoch (its random states set there, if resumed)
             return
-        _set_sampler_epoch(loader, self.epoch)
         if state is None or state["complete"] or state["start_states"] is None or owner.inner_stateful:
             if state is not None:
                 restore_host_states(state["states"])
@@ -205,6 +210,10 @@ class ResumableLoader:
     #: The loader's batches fetched in the fit's epoch ``counted_epoch`` (over its passes, in ``max_size_cycle``).
     epoch_fetched: int
     counted_epoch: int
+    #: Set when the fit's loop has decided its epoch (the ``on_train_start`` strategy hook, after its ``reset``).
+    loop_started: threading.Event
+    #: The thread running the fit's loop (which calls ``process_dataloader``).
+    loop_thread: threading.Thread
     _warned: bool
     _consulted: bool
 
@@ -219,6 +228,8 @@ class ResumableLoader:
             fetched_any=False,
             epoch_fetched=0,
             counted_epoch=-1,
+            loop_started=threading.Event(),
+            loop_thread=threading.current_thread(),
             _warned=False,
             _consulted=False,
         )
@@ -256,6 +267,20 @@ class ResumableLoader:
             if not siblings or siblings[0] is self:
                 restore_host_states(state["states"])
         return _Epoch(self, eager=True)
+
+    def wait_for_the_loop(self) -> None:
+        """In a thread fetching ahead of the fit's loop, wait until the loop has decided its epoch.
+
+        torch_xla's ``MpDeviceLoader`` (the spawn strategy) fetches in a thread of its own from the
+        moment Lightning calls ``iter()``, which Lightning's fit loop does before its ``reset`` moves a
+        resumed fit to its epoch. The loop's own thread never waits (Lightning fetches ahead there
+        for a loader without length, before ``on_train_start``). Waits at most
+        :data:`LOOP_START_TIMEOUT_S`, then goes on with a warning.
+        """
+        if threading.current_thread() is self.loop_thread or self.loop_started.is_set():
+            return
+        if not self.loop_started.wait(LOOP_START_TIMEOUT_S):
+            self.warn(f"its loader's thread found the fit's loop not started within {LOOP_START_TIMEOUT_S} s")
 
     def _siblings(self) -> list[ResumableLoader]:
         """The fit's stateful training loaders (``CombinedLoader.flattened``), as resumable loaders, in order."""
@@ -427,6 +452,15 @@ class ResumesLoaderPosition:
     """
 
     lightning_module: Any
+
+    def on_train_start(self) -> None:
+        """Let the training loaders' threads fetch: the fit's loop has decided its epoch."""
+        super().on_train_start()  # type: ignore[misc]
+        combined = getattr(self.lightning_module.trainer.fit_loop, "_combined_loader", None)
+        for loader in getattr(combined, "flattened", None) or ():
+            owner = getattr(getattr(loader, "state_dict", None), "__self__", None)
+            if isinstance(owner, ResumableLoader):
+                owner.loop_started.set()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         """Write ``checkpoint`` with the training loaders' positions under :data:`CHECKPOINT_KEY` (:func:`portable`)."""
