@@ -2,6 +2,8 @@
 
     python resume_positions.py ROOT --strategy single_xla [--loaders one|two] [--cases a,b,...] [--plain]
 
+(``--plain`` with ``--loaders two`` also leaves out the dropout; see below.)
+
 A seeded fit (``seed_everything(1234)``) of a small model with dropout, SGD with momentum and a step
 LR scheduler, 3 epochs of 8 training batches of a shuffled loader (``--loaders two``: a
 ``CombinedLoader`` in ``max_size_cycle`` mode of that loader and a shuffled one of 3 batches, so
@@ -24,8 +26,8 @@ had, on global rank 0; for ``stop:P``, of the stopped fit and the resumed one), 
 ``same_weights`` (whether the final weights equal the uninterrupted fit's bit for bit); the
 uninterrupted fit's line is ``CASE uninterrupted``. ``--plain``: also on CPU with plain Lightning
 (``accelerator="cpu"``), lines ``PLAIN <name> <json>`` with the same fields (no weights check:
-another device), and the model has no dropout (on CPU it draws from the host generator the
-loaders' shuffles come from, on XLA from the device's).
+another device); with ``--loaders two`` the model has then no dropout (on CPU it draws from the
+host generator the loaders' shuffles come from, on XLA from the device's), so the orders compare.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def event(kind: str, value) -> None:
     with open(EVENTS, "a") as stream:
         stream.write(json.dumps([kind, value]) + "\n")
 # dropout draws from torch's CPU generator on CPU (the device's on XLA): none where plain Lightning is compared
-DROPOUT = float(not args.plain) * 0.5
+DROPOUT = 0.0 if args.plain and args.loaders == "two" else 0.5
 
 
 class Indexed(Dataset):

@@ -195,6 +195,7 @@ class ResumableLoader:
         seeds: the strategy whose ``run_seed`` seeds the device per batch
             (:class:`~xla_plugins.strategies._seed.SeedsDeviceAtSetup`), kept with the position.
         per_step: loader batches per training step (an SPMD strategy joins one per device).
+        checkpoint_states: the fit loop's ``combined_loader`` list of the checkpoint the fit resumes, if any.
     """
 
     loader: Any
@@ -214,10 +215,13 @@ class ResumableLoader:
     loop_started: threading.Event
     #: The thread running the fit's loop (which calls ``process_dataloader``).
     loop_thread: threading.Thread
+    #: The ``combined_loader`` states of the checkpoint the fit resumes, until the first ``iter()`` reads them.
+    checkpoint_states: Optional[list]
     _warned: bool
-    _consulted: bool
 
-    def __init__(self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1) -> None:
+    def __init__(
+        self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1, checkpoint_states: Optional[list] = None
+    ) -> None:
         self.__dict__.update(
             loader=loader,
             trainer=trainer,
@@ -230,8 +234,8 @@ class ResumableLoader:
             counted_epoch=-1,
             loop_started=threading.Event(),
             loop_thread=threading.current_thread(),
+            checkpoint_states=checkpoint_states,
             _warned=False,
-            _consulted=False,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -293,21 +297,18 @@ class ResumableLoader:
         return found
 
     def _consult_checkpoint(self) -> None:
-        """Take this loader's state from the checkpoint the fit resumes, where Lightning does not give it.
+        """Take this loader's state from the checkpoint the fit resumes (:attr:`checkpoint_states`) if Lightning did not.
 
         Lightning's fit loop gives the stateful loaders their states only when it restarts inside an
         epoch (``_FitLoop._load_combined_loader_states``); resumed from a checkpoint written after an
-        epoch's end, it keeps them unread (``_combined_loader_states_to_load``), and the random states
-        there are what the next epoch's shuffle is drawn from. Read once per fit, at its first ``iter()``.
+        epoch's end it gives none, and the random states there are what the next epoch's shuffle is
+        drawn from. Read once, at the fit's first ``iter()``.
         """
-        if self._consulted:
+        states, self.checkpoint_states = self.checkpoint_states, None
+        if self.pending is not None or not states:
             return
-        self._consulted = True
-        loop = self.trainer.fit_loop
-        states = getattr(loop, "_combined_loader_states_to_load", None)
-        if self.pending is not None or not states or not getattr(loop, "_loaded_from_state_dict", False):
-            return
-        stateful = [loader for loader in loop._combined_loader.flattened if isinstance(loader, _Stateful)]
+        combined = self.trainer.fit_loop._combined_loader
+        stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
         mine = [i for i, loader in enumerate(stateful) if getattr(loader, "state_dict", None) == self.state_dict]
         if mine and mine[0] < len(states) and isinstance(states[mine[0]], dict):
             self.load_state_dict(states[mine[0]])
@@ -452,10 +453,13 @@ class ResumesLoaderPosition:
     """
 
     lightning_module: Any
+    #: The loader states of the checkpoint a fit resumes (read by :meth:`load_checkpoint`), until training starts.
+    _loader_states_to_load: Optional[list] = None
 
     def on_train_start(self) -> None:
         """Let the training loaders' threads fetch: the fit's loop has decided its epoch."""
         super().on_train_start()  # type: ignore[misc]
+        self._loader_states_to_load = None
         combined = getattr(self.lightning_module.trainer.fit_loop, "_combined_loader", None)
         for loader in getattr(combined, "flattened", None) or ():
             owner = getattr(getattr(loader, "state_dict", None), "__self__", None)
@@ -467,8 +471,18 @@ class ResumesLoaderPosition:
         super().save_checkpoint(portable(checkpoint), *args, **kwargs)  # type: ignore[misc]
 
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Read a checkpoint, the training loaders' positions back where the fit loop reads them (:func:`resumable`)."""
-        return resumable(super().load_checkpoint(*args, **kwargs))  # type: ignore[misc]
+        """Read a checkpoint, the training loaders' positions back where the fit loop reads them (:func:`resumable`).
+
+        In a fit they are also kept for the training loaders: Lightning gives them to the loaders
+        only when its loop restarts inside an epoch (:meth:`ResumableLoader._consult_checkpoint`).
+        """
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        checkpoint = resumable(super().load_checkpoint(*args, **kwargs))  # type: ignore[misc]
+        module = self.lightning_module
+        fitting = module is not None and module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
+        self._loader_states_to_load = _loader_states(checkpoint) if fitting and isinstance(checkpoint, dict) else None
+        return checkpoint
 
     def process_dataloader(self, dataloader: object) -> object:
         from lightning.pytorch.trainer.states import RunningStage, TrainerFn
@@ -478,7 +492,7 @@ class ResumesLoaderPosition:
         if trainer is None or trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return super().process_dataloader(dataloader)  # type: ignore[misc]
         per_step = self.loader_batches_per_step() if hasattr(self, "loader_batches_per_step") else 1
-        resumable = ResumableLoader(dataloader, trainer, self, per_step)
+        resumable = ResumableLoader(dataloader, trainer, self, per_step, self._loader_states_to_load)
         processed = super().process_dataloader(resumable)  # type: ignore[misc]
         if not isinstance(processed, _Stateful):  # torch_xla's MpDeviceLoader: Lightning reads these two names
             processed.state_dict = resumable.state_dict  # type: ignore[attr-defined]
