@@ -28,11 +28,22 @@ would not resume on another accelerator. What a position holds:
   batch ahead, the states before each batch fetched ahead, so those are fetched again as they were);
   and the run's device seed (:mod:`xla_plugins.strategies._seed`).
 
-The inner iterator is made at the first ``next()``, not at ``iter()``: Lightning calls ``iter()``
-before it sets the sampler's epoch and, after a resume at the end of an epoch, twice. An epoch
-resumed at its end yields nothing more: a fit resumed from inside an epoch's last validation that
-will not validate (no ``val_dataloader`` in the rerun) otherwise trains one batch more than the
-epoch has (its restarted epoch loop waits for that validation, Lightning's ``_is_validation_done``).
+Outside a resume from inside an epoch, ``iter()`` goes straight to the loader, so the host random
+numbers are drawn where plain Lightning draws them (over a ``CombinedLoader``, every loader's
+``iter()`` comes before the first batch of any). In a resume from inside an epoch the inner
+iterator is made at the first ``next()``. The epoch a state belongs to is matched at the first
+``next()`` too: Lightning calls ``iter()`` before its loop moves a resumed fit to its epoch (a
+checkpoint at an epoch's last batch is trained on in the next epoch). An epoch resumed at its end
+yields nothing more: a fit resumed from inside an epoch's last validation that will not validate
+(no ``val_dataloader`` in the rerun) otherwise trains one batch more than the epoch has (its
+restarted epoch loop waits for that validation, Lightning's ``_is_validation_done``). Lightning gives
+the loaders their states only when its loop restarts inside an epoch; resumed after an epoch's end,
+the states are read from the checkpoint (:meth:`ResumesLoaderPosition.load_checkpoint`) and the host
+states there set before the next epoch's iterator is made. In a ``CombinedLoader`` each loader's
+position is its position in its own pass (``max_size_cycle`` starts a shorter loader over within
+the epoch), with the host states before that pass's first batch (its sampler's seed: the other
+loaders' ``iter()`` came in between). A loader thread that fetches ahead of the loop (torch_xla's
+``MpDeviceLoader``) waits for the loop to start before its first batch.
 A loader that has ``state_dict``/``load_state_dict`` itself keeps its own position (it is given
 its state); the random states are still restored.
 """
