@@ -22,8 +22,9 @@ Then each case of ``--cases`` resumes, in a fresh Trainer and model: ``ckpt:P`` 
 (``last``: in ``training_step`` of batch 7; ``val``: in ``on_validation_end``; ``next``: in
 ``on_train_epoch_end``), with ``ckpt_path="last"``. For each case one line
 ``CASE <name> <json>`` holds ``batches`` (the sample indices each training batch of the resumed fit
-had, on global rank 0; for ``stop:P``, of the stopped fit and the resumed one), ``steps`` (the final global step), ``validations`` (the epochs validated) and
-``same_weights`` (whether the final weights equal the uninterrupted fit's bit for bit); the
+had, on global rank 0; for ``stop:P``, of the stopped fit and the resumed one), ``steps`` (the
+final global step), ``validations`` (the epochs validated) and ``same_weights`` (whether the final
+weights equal the uninterrupted fit's bit for bit); the
 uninterrupted fit's line is ``CASE uninterrupted``. ``--plain``: also on CPU with plain Lightning
 (``accelerator="cpu"``), lines ``PLAIN <name> <json>`` with the same fields (no weights check:
 another device); with ``--loaders two`` the model has then no dropout (on CPU it draws from the
@@ -67,6 +68,8 @@ def event(kind: str, value) -> None:
     """Note a training batch's sample indices, a validation's epoch or the final step (global rank 0's)."""
     with open(EVENTS, "a") as stream:
         stream.write(json.dumps([kind, value]) + "\n")
+
+
 # dropout draws from torch's CPU generator on CPU (the device's on XLA): none where plain Lightning is compared
 DROPOUT = 0.0 if args.plain and args.loaders == "two" else 0.5
 
@@ -91,7 +94,10 @@ class Model(L.LightningModule):
     def __init__(self, saves: dict, stop: str) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(DROPOUT) if DROPOUT else torch.nn.Identity(), torch.nn.Linear(16, 1)
+            torch.nn.Linear(8, 16),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(DROPOUT) if DROPOUT else torch.nn.Identity(),
+            torch.nn.Linear(16, 1),
         )
         self.saves, self.stop = saves, stop  # position -> checkpoint path; the position to stop at
 

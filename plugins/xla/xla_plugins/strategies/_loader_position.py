@@ -105,7 +105,7 @@ def _length(loader: Any) -> Optional[int]:
 
 
 class _Epoch:
-    """One epoch's (or, in a ``CombinedLoader``'s ``max_size_cycle`` mode, one pass's) iteration of a :class:`ResumableLoader`.
+    """One epoch's iteration of a :class:`ResumableLoader` (one pass's, in a ``CombinedLoader``'s ``max_size_cycle``).
 
     Outside a resume from inside an epoch the inner iterator is made at once (``iter()`` passed
     straight through, so the host random numbers are drawn where plain Lightning draws them); in a
@@ -308,7 +308,7 @@ class ResumableLoader:
         return found
 
     def _consult_checkpoint(self) -> None:
-        """Take this loader's state from the checkpoint the fit resumes (:attr:`checkpoint_states`) if Lightning did not.
+        """Take this loader's state from the resumed checkpoint (:attr:`checkpoint_states`) if Lightning did not.
 
         Lightning's fit loop gives the stateful loaders their states only when it restarts inside an
         epoch (``_FitLoop._load_combined_loader_states``); resumed from a checkpoint written after an
