@@ -48,8 +48,9 @@ if os.environ.get("HARNESS"):  # the spawn strategy on PJRT CPU: real collective
 
 import lightning as L
 import torch
+from indexed_samples import Indexed, regressor
 from lightning.pytorch.utilities import CombinedLoader
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 BATCH, TRAIN_BATCHES, SHORT_BATCHES, VAL_BATCHES, EPOCHS = 4, 8, 3, 2, 3
 
@@ -74,31 +75,10 @@ def event(kind: str, value) -> None:
 DROPOUT = 0.0 if args.plain and args.loaders == "two" else 0.5
 
 
-class Indexed(Dataset):
-    """``size`` samples ``(x, y, index)``, the same in every process (their own generator, not the global one)."""
-
-    def __init__(self, size: int, offset: int) -> None:
-        generator = torch.Generator().manual_seed(offset)
-        self.x = torch.randn(size, 8, generator=generator)
-        self.y = torch.randn(size, 1, generator=generator)
-        self.offset = offset
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i], i + self.offset
-
-
 class Model(L.LightningModule):
     def __init__(self, saves: dict, stop: str) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 16),
-            torch.nn.ReLU(),
-            torch.nn.Dropout(DROPOUT) if DROPOUT else torch.nn.Identity(),
-            torch.nn.Linear(16, 1),
-        )
+        self.net = regressor(DROPOUT)
         self.saves, self.stop = saves, stop  # position -> checkpoint path; the position to stop at
 
     def _at(self, position: str) -> None:
