@@ -467,15 +467,24 @@ class ResumesLoaderPosition:
     #: The loader states of the checkpoint a fit resumes (read by :meth:`load_checkpoint`), until training starts.
     _loader_states_to_load: Optional[list] = None
 
+    #: The training loaders made resumable whose threads may still wait for the fit's loop to start.
+    _waiting_loaders: Optional[list[ResumableLoader]] = None
+
+    def _release_loaders(self) -> None:
+        for loader in self._waiting_loaders or ():
+            loader.loop_started.set()
+        self._waiting_loaders = None
+
     def on_train_start(self) -> None:
         """Let the training loaders' threads fetch: the fit's loop has decided its epoch."""
         super().on_train_start()  # type: ignore[misc]
         self._loader_states_to_load = None
-        combined = getattr(self.lightning_module.trainer.fit_loop, "_combined_loader", None)
-        for loader in getattr(combined, "flattened", None) or ():
-            owner = getattr(getattr(loader, "state_dict", None), "__self__", None)
-            if isinstance(owner, ResumableLoader):
-                owner.loop_started.set()
+        self._release_loaders()
+
+    def teardown(self) -> None:
+        """Release the loaders' threads of a fit that ended before training started (``max_steps`` reached, say)."""
+        self._release_loaders()
+        super().teardown()  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         """Write ``checkpoint`` with the training loaders' positions under :data:`CHECKPOINT_KEY` (:func:`portable`)."""
@@ -504,6 +513,7 @@ class ResumesLoaderPosition:
             return super().process_dataloader(dataloader)  # type: ignore[misc]
         per_step = self.loader_batches_per_step() if hasattr(self, "loader_batches_per_step") else 1
         resumable = ResumableLoader(dataloader, trainer, self, per_step, self._loader_states_to_load)
+        self._waiting_loaders = [*(self._waiting_loaders or ()), resumable]
         processed = super().process_dataloader(resumable)  # type: ignore[misc]
         if not isinstance(processed, _Stateful):  # torch_xla's MpDeviceLoader: Lightning reads these two names
             processed.state_dict = resumable.state_dict  # type: ignore[attr-defined]
