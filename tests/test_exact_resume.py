@@ -203,6 +203,106 @@ def test_a_stop_inside_an_accumulation_window_waits_for_its_end_and_resumes_exac
     assert_same_fit(root, reference)
 
 
+# Resumes from each position class (tests/scripts/resume_positions.py: many fits in one process). A checkpoint of
+# epoch 0 (mid1: of epoch 1) written by trainer.save_checkpoint (ckpt:P) or the stop checkpoint of a SIGTERM (stop:P).
+
+POSITIONS_SCRIPT = Path(__file__).parent / "scripts" / "resume_positions.py"
+#: Training batches the resumed fit trains, by position (3 epochs of 8): after batch 2, after epoch 0, after batch 4
+#: of epoch 1; a stopped fit and its resume train all 24.
+RESUMED_BATCHES = {"mid": TOTAL - 3, "last": TOTAL - 8, "val": TOTAL - 8, "next": TOTAL - 8, "mid1": TOTAL - 13}
+
+
+def resume_positions(root: Path, strategy: str, cases: list[str], *flags: str) -> dict[tuple[str, str], dict]:
+    """Run the positions script; its records by ``("CASE" or "PLAIN", case)``."""
+    from xla_cpu_harness import required_environment
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PLUGINS_")}
+    environ.update(required_environment(DEVICES[strategy]), XLA_PLUGINS_RECOMPILES="off")
+    if strategy == "xla":
+        environ.update(HARNESS=str(Path(__file__).parent), XLA_PLUGINS_REPLICA_TIMEOUT="120")
+    command = [sys.executable, str(POSITIONS_SCRIPT), str(root), "--strategy", strategy, "--cases", ",".join(cases)]
+    result = subprocess.run(command + list(flags), env=environ, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0, output(result)
+    records = {}
+    for line in result.stdout.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag in ("CASE", "PLAIN"):
+            name, _, record = rest.partition(" ")
+            records[tag, name] = json.loads(record)
+    return records
+
+
+def assert_resumes_exactly(records: dict, cases: list[str], plain: bool) -> None:
+    """Every case: the uninterrupted fit's last batches, in order, its weights bit for bit, its final step; with
+    ``plain``, the same steps and validations as plain Lightning resumed from the same position."""
+    reference = records["CASE", "uninterrupted"]
+    assert reference["steps"] == TOTAL and len(reference["batches"]) == TOTAL
+    for case in cases:
+        kind, position = case.split(":")
+        resumed = records["CASE", case]
+        expected = reference["batches"] if kind == "stop" else reference["batches"][-RESUMED_BATCHES[position] :]
+        assert resumed["batches"] == expected, case
+        assert resumed["same_weights"], case
+        assert resumed["steps"] == TOTAL, case
+        if plain and kind == "ckpt":
+            assert records["PLAIN", case]["steps"] == resumed["steps"], case
+            assert records["PLAIN", case]["validations"] == resumed["validations"], case
+
+
+ALL_POSITIONS = ["ckpt:mid", "ckpt:last", "ckpt:val", "ckpt:next", "ckpt:mid1", "stop:last", "stop:val", "stop:next"]
+
+
+@pytest.mark.subprocess  # 14 fits in one process: the cells that run subprocess tests (tox.ini)
+def test_two_shuffled_loaders_train_plain_lightnings_order_and_resume_from_every_position_exactly_on_single_xla(
+    tmp_path,
+):
+    """Issue 35: a checkpoint at an epoch's last batch skipped the next epoch (16 steps of 24); one after the epoch's
+    end (on_train_epoch_end, or a SIGTERM on the last batch or in on_validation_end) shuffled the next epoch anew; two
+    shuffled loaders trained another order than plain Lightning. A CombinedLoader (max_size_cycle) of 8 and 3 batches:
+    the shorter one starts over twice an epoch; mid is at the end of its first pass, mid1 inside its second. No
+    dropout (on CPU it draws from the loaders' generator)."""
+    records = resume_positions(tmp_path, "single_xla", ALL_POSITIONS, "--loaders", "two", "--plain")
+    assert records["CASE", "uninterrupted"]["batches"] == records["PLAIN", "uninterrupted"]["batches"]
+    assert_resumes_exactly(records, ALL_POSITIONS, plain=True)
+    assert records["PLAIN", "ckpt:last"]["validations"] == [1, 2]  # plain Lightning does not validate epoch 0 again
+
+
+@pytest.mark.slow  # 7 fits in one process: primary tox cell only (tox.ini)
+def test_single_xla_with_dropout_resumes_from_an_epochs_end_exactly(tmp_path):
+    """One shuffled loader, dropout on the device (seeded per batch): the weights of the uninterrupted fit."""
+    cases = ["ckpt:last", "ckpt:val", "stop:last", "stop:next"]
+    assert_resumes_exactly(resume_positions(tmp_path, "single_xla", cases), cases, plain=False)
+
+
+def flattened(batches: list, loader: int) -> list[int]:
+    return [index for batch in batches for index in batch[loader]]
+
+
+@pytest.mark.slow  # 4 devices, 5 fits (and plain Lightning's on CPU): primary tox cell only (tox.ini)
+@pytest.mark.parametrize(
+    ("strategy", "cases"),
+    [
+        ("xla_spmd", ["ckpt:last", "stop:next", "ckpt:mid1"]),
+        ("xla_fsdp_v2", ["ckpt:mid", "ckpt:val", "stop:last"]),
+    ],
+)
+def test_spmd_strategies_resume_two_loaders_from_every_position_exactly(strategy, cases, tmp_path):
+    """Global batches join 4 loader batches: the sample order of each loader is plain Lightning's (one device)."""
+    records = resume_positions(tmp_path, strategy, cases, "--loaders", "two", "--plain")
+    for loader in (0, 1):
+        ours, plain = (records[tag, "uninterrupted"]["batches"] for tag in ("CASE", "PLAIN"))
+        assert flattened(ours, loader) == flattened(plain, loader)
+    assert_resumes_exactly(records, cases, plain=False)
+
+
+@pytest.mark.slow  # 4 replica threads, 2 fits: primary tox cell only (tox.ini)
+def test_the_spawn_strategy_resumes_two_loaders_from_an_epochs_last_batch_exactly(tmp_path):
+    """The replicas' MpDeviceLoader fetches in a thread of its own from iter() on, before the resumed loop's epoch."""
+    cases = ["ckpt:last"]
+    records = resume_positions(tmp_path, "xla", cases, "--loaders", "two")
+    assert_resumes_exactly(records, cases, plain=False)
+
+
 # The loader's rules, on CPU: a fake Trainer holding the fit loop's progress.
 
 
@@ -345,3 +445,42 @@ def test_positions_naming_more_loader_states_than_the_checkpoint_holds_are_refus
     checkpoint[CHECKPOINT_KEY] = [{"version": 1, "has_loader_state": True}]
     with pytest.raises(ValueError, match="more loader states than its combined_loader holds"):
         resumable(checkpoint)
+
+
+def two_shuffled_loaders_drawn(wrap: Any) -> list:
+    """Three batches of each of two shuffled loaders wrapped by ``wrap``, fetched as Lightning's CombinedLoader does."""
+    torch.manual_seed(5)
+    loaders = [torch.utils.data.DataLoader(range(start, start + 12), batch_size=3, shuffle=True) for start in (0, 100)]
+    iterators = [iter(wrap(loader)) for loader in loaders]  # every iter() first, then the batches
+    return [[next(iterator).tolist() for iterator in iterators] for _ in range(3)]
+
+
+def test_the_resumable_loader_and_global_batches_call_iter_when_lightning_does():
+    """Issue 35: deferred to the first batch, the second loader's shuffle was drawn after the first's, not plain's."""
+    from xla_plugins.strategies._batches import GlobalBatches
+    from xla_plugins.strategies._loader_position import ResumableLoader
+
+    plain = two_shuffled_loaders_drawn(lambda loader: loader)
+    assert two_shuffled_loaders_drawn(lambda loader: ResumableLoader(loader, fake_trainer(), None)) == plain
+    assert two_shuffled_loaders_drawn(lambda loader: GlobalBatches(loader, 1)) == plain
+
+
+def test_a_state_at_an_epochs_last_batch_resumes_with_the_next_epoch_decided_at_its_first_batch():
+    """Issue 35: Lightning calls iter() before its loop moves to the next epoch; the wrapper took the epoch from there
+    and yielded nothing for it (a fit resumed from an epoch's last batch skipped the next epoch)."""
+    from xla_plugins.strategies._loader_position import ResumableLoader
+
+    loader = torch.utils.data.DataLoader(Counted(16), batch_size=4, shuffle=True)
+    torch.manual_seed(11)
+    state = state_after(loader, trained=4)
+    state["complete"] = True  # the epoch's last batch (Lightning's is_last_batch)
+    trainer = fake_trainer(epoch=0)
+    resumable = ResumableLoader(loader, trainer, SimpleNamespace(run_seed=0))
+    resumable.load_state_dict(state)
+    torch.manual_seed(999)
+    iterator = iter(resumable)  # FitLoop.setup_data, still in epoch 0
+    trainer.fit_loop.epoch_progress.current.processed = 1  # FitLoop.reset: the epoch is over
+    batches = [batch.tolist() for batch in iterator]
+    torch.manual_seed(11)
+    state_after(loader, trained=4)  # the run that wrote the state: its host generator at the checkpoint
+    assert batches == [batch.tolist() for batch in loader]  # epoch 1, drawn from the checkpoint's states

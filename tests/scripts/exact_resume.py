@@ -37,7 +37,8 @@ if os.environ.get("HARNESS"):  # the spawn strategy on PJRT CPU: real collective
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from indexed_samples import Indexed, regressor
+from torch.utils.data import DataLoader
 
 BATCH, TRAIN_BATCHES, VAL_BATCHES, EPOCHS, ACCUMULATE = 4, 8, 4, 3, 2
 
@@ -53,28 +54,10 @@ KIND, _, WHERE = args.stop.partition(":")
 SEEN = os.path.join(args.root, "seen.jsonl")
 
 
-class Indexed(Dataset):
-    """``size`` samples ``(x, y, index)``, the same in every process (their own generator, not the global one)."""
-
-    def __init__(self, size: int, offset: int) -> None:
-        generator = torch.Generator().manual_seed(offset)
-        self.x = torch.randn(size, 8, generator=generator)
-        self.y = torch.randn(size, 1, generator=generator)
-        self.offset = offset
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i], i + self.offset
-
-
 class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)
-        )
+        self.net = regressor(0.5)
         self.stopped = False
         self.trained_here = 0
 

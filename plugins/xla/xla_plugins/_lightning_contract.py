@@ -104,4 +104,7 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
+    # xla_plugins.strategies._loader_position: a training loader finds its index among the fit's loaders, and the
+    # strategy lets the loaders' threads fetch once the loop has started
+    PrivateAttribute("lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader"),
 )

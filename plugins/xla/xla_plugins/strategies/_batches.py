@@ -228,8 +228,18 @@ class GlobalBatches:
         setattr(self._loader, name, value)  # e.g. Lightning's worker_init_fn goes to the real loader
 
     def __iter__(self) -> Iterator[Any]:
+        """The global batches of one pass over the loader, whose ``iter()`` is called now, not at the first batch.
+
+        Lightning calls ``iter()`` on every loader of a ``CombinedLoader`` before it fetches from any;
+        a ``DataLoader`` draws its workers' base seed from torch's generator at ``iter()`` and its
+        ``RandomSampler`` the epoch's seed at the first batch, so deferring ``iter()`` to the first
+        batch would shuffle the second loader from another generator state than plain Lightning does.
+        """
+        return self._joined(iter(self._loader))
+
+    def _joined(self, batches: Iterator[Any]) -> Iterator[Any]:
         group: list[Any] = []
-        for batch in self._loader:
+        for batch in batches:
             group.append(batch)
             if len(group) == self._per_step:
                 yield self._emit(group)

@@ -28,11 +28,22 @@ would not resume on another accelerator. What a position holds:
   batch ahead, the states before each batch fetched ahead, so those are fetched again as they were);
   and the run's device seed (:mod:`xla_plugins.strategies._seed`).
 
-The inner iterator is made at the first ``next()``, not at ``iter()``: Lightning calls ``iter()``
-before it sets the sampler's epoch and, after a resume at the end of an epoch, twice. An epoch
-resumed at its end yields nothing more: a fit resumed from inside an epoch's last validation that
-will not validate (no ``val_dataloader`` in the rerun) otherwise trains one batch more than the
-epoch has (its restarted epoch loop waits for that validation, Lightning's ``_is_validation_done``).
+Outside a resume from inside an epoch, ``iter()`` goes straight to the loader, so the host random
+numbers are drawn where plain Lightning draws them (over a ``CombinedLoader``, every loader's
+``iter()`` comes before the first batch of any). In a resume from inside an epoch the inner
+iterator is made at the first ``next()``. The epoch a state belongs to is matched at the first
+``next()`` too: Lightning calls ``iter()`` before its loop moves a resumed fit to its epoch (a
+checkpoint at an epoch's last batch is trained on in the next epoch). An epoch resumed at its end
+yields nothing more: a fit resumed from inside an epoch's last validation that will not validate
+(no ``val_dataloader`` in the rerun) otherwise trains one batch more than the epoch has (its
+restarted epoch loop waits for that validation, Lightning's ``_is_validation_done``). Lightning gives
+the loaders their states only when its loop restarts inside an epoch; resumed after an epoch's end,
+the states are read from the checkpoint (:meth:`ResumesLoaderPosition.load_checkpoint`) and the host
+states there set before the next epoch's iterator is made. In a ``CombinedLoader`` each loader's
+position is its position in its own pass (``max_size_cycle`` starts a shorter loader over within
+the epoch), with the host states before that pass's first batch (its sampler's seed: the other
+loaders' ``iter()`` came in between). A loader thread that fetches ahead of the loop (torch_xla's
+``MpDeviceLoader``) waits for the loop to start before its first batch.
 A loader that has ``state_dict``/``load_state_dict`` itself keeps its own position (it is given
 its state); the random states are still restored.
 """
@@ -40,6 +51,7 @@ its state); the random states are still restored.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -52,6 +64,9 @@ from xla_plugins.strategies._rng_states import host_states, restore_host_states
 
 #: Version of the state a :class:`ResumableLoader` writes; a state of another version is refused with a warning.
 STATE_VERSION = 1
+
+#: Seconds a loader thread fetching ahead waits for the fit's loop to start (:meth:`ResumableLoader.wait_for_the_loop`).
+LOOP_START_TIMEOUT_S = 600
 
 #: The checkpoint's top-level key for the training loaders' positions (Lightning leaves keys it does not know).
 CHECKPOINT_KEY = "xla_plugins_loader_positions"
@@ -90,39 +105,56 @@ def _length(loader: Any) -> Optional[int]:
 
 
 class _Epoch:
-    """One epoch's iteration of a :class:`ResumableLoader`: the inner iterator, made at the first ``next()``."""
+    """One epoch's iteration of a :class:`ResumableLoader` (one pass's, in a ``CombinedLoader``'s ``max_size_cycle``).
 
-    def __init__(self, owner: ResumableLoader, epoch: int) -> None:
-        self.owner, self.epoch = owner, epoch
+    Outside a resume from inside an epoch the inner iterator is made at once (``iter()`` passed
+    straight through, so the host random numbers are drawn where plain Lightning draws them); in a
+    resume from inside an epoch it is made at the first ``next()``. The fit's epoch is read at the
+    first ``next()`` in both cases: Lightning makes the iterator of a resumed fit's first epoch
+    before its loop decides which epoch that is.
+    """
+
+    def __init__(self, owner: ResumableLoader, eager: bool) -> None:
+        self.owner = owner
+        self.epoch = -1  # decided at the first next()
         self.started = False
-        self.fetched = 0  # inner batches fetched in this epoch
-        self.start_states: Optional[dict] = None
+        self.fetched = 0  # inner batches fetched in this epoch (pass)
+        self.offset = 0  # the loader's batches fetched in the fit's epoch before this pass
+        self.start_states: Optional[dict] = None  # host states at iter()
+        self.first_fetch_states: Optional[dict] = None  # host states before the first fetch (a sampler's seed)
         # host states before each fetch, for a loader without length (Lightning fetches ahead of training)
         self.before_fetch: Optional[collections.deque] = None
         self._iterator: Optional[Iterator] = None
         self._restores: list[dict] = []  # host states to set before the next fetches, in order (a resume)
+        if eager:
+            self.start_states = host_states()
+            self._iterator = iter(owner.loader)
 
     def __iter__(self) -> _Epoch:
         return self
 
     def __next__(self) -> Any:
-        if self._iterator is None:
+        if not self.started:
             self._start()
         if self._restores:
             restore_host_states(self._restores.pop(0))
         if self.before_fetch is not None:
             self.before_fetch.append(host_states())
+        if self.fetched == 0:
+            self.first_fetch_states = host_states()
         batch = next(self._iterator)  # type: ignore[arg-type]
         self.fetched += 1
+        self.owner.epoch_fetched += 1
+        self.owner.fetched_any = True
         return batch
 
     def _start(self) -> None:
         owner, loader = self.owner, self.owner.loader
         self.started = True
-        owner.current = self
+        owner.wait_for_the_loop()
+        self.epoch = owner.trainer.fit_loop.epoch_progress.current.processed
         if _length(loader) is None:
             self.before_fetch = collections.deque(maxlen=4 * owner.per_step + 4)
-        _set_sampler_epoch(loader, self.epoch)
         state = owner.pending
         if state is not None and state["complete"] and state["epoch"] == self.epoch:
             # the epoch was trained to its end: nothing is left of it (Lightning asks for one more batch
@@ -130,11 +162,18 @@ class _Epoch:
             # state waits for the next epoch's iterator
             self._iterator = iter(())
             return
+        owner.current = self
         owner.pending = None
+        if owner.counted_epoch != self.epoch:
+            owner.counted_epoch, owner.epoch_fetched = self.epoch, 0
+        self.offset = owner.epoch_fetched
         expected = None if state is None else state["epoch"] + (1 if state["complete"] else 0)
         if state is not None and expected != self.epoch:
             owner.warn(f"it holds the position of epoch {expected}, the loop resumed in epoch {self.epoch}")
             state = None
+        _set_sampler_epoch(loader, self.epoch)  # as Lightning did, unless a loader thread fetches ahead of it
+        if self._iterator is not None:  # made at iter(): a fresh epoch (its random states set there, if resumed)
+            return
         if state is None or state["complete"] or state["start_states"] is None or owner.inner_stateful:
             if state is not None:
                 restore_host_states(state["states"])
@@ -144,8 +183,14 @@ class _Epoch:
         restore_host_states(state["start_states"])
         self.start_states = state["start_states"]
         self._iterator = iter(loader)
+        first_fetch = state.get("first_fetch_states")
+        if first_fetch is not None and state["trained"]:
+            restore_host_states(first_fetch)  # other loaders' iter() came between (a CombinedLoader)
+            self.first_fetch_states = first_fetch
         _skip(self._iterator, loader, state["trained"])
         self.fetched = state["trained"]
+        self.offset = state.get("offset", 0)
+        owner.epoch_fetched = self.offset + self.fetched
         self._restores = [*state["before_fetch"], state["states"]]
 
 
@@ -161,6 +206,7 @@ class ResumableLoader:
         seeds: the strategy whose ``run_seed`` seeds the device per batch
             (:class:`~xla_plugins.strategies._seed.SeedsDeviceAtSetup`), kept with the position.
         per_step: loader batches per training step (an SPMD strategy joins one per device).
+        checkpoint_states: the fit loop's ``combined_loader`` list of the checkpoint the fit resumes, if any.
     """
 
     loader: Any
@@ -171,11 +217,36 @@ class ResumableLoader:
     current: Optional[_Epoch]
     #: A state loaded by :meth:`load_state_dict` that no iteration has started from yet.
     pending: Optional[dict[str, Any]]
+    #: Whether a batch was fetched in this fit (a resume's random states are set before the first only).
+    fetched_any: bool
+    #: The loader's batches fetched in the fit's epoch ``counted_epoch`` (over its passes, in ``max_size_cycle``).
+    epoch_fetched: int
+    counted_epoch: int
+    #: Set when the fit's loop has decided its epoch (the ``on_train_start`` strategy hook, after its ``reset``).
+    loop_started: threading.Event
+    #: The thread running the fit's loop (which calls ``process_dataloader``).
+    loop_thread: threading.Thread
+    #: The ``combined_loader`` states of the checkpoint the fit resumes, until the first ``iter()`` reads them.
+    checkpoint_states: Optional[list]
     _warned: bool
 
-    def __init__(self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1) -> None:
+    def __init__(
+        self, loader: Any, trainer: Any, seeds: Any, per_step: int = 1, checkpoint_states: Optional[list] = None
+    ) -> None:
         self.__dict__.update(
-            loader=loader, trainer=trainer, seeds=seeds, per_step=per_step, current=None, pending=None, _warned=False
+            loader=loader,
+            trainer=trainer,
+            seeds=seeds,
+            per_step=per_step,
+            current=None,
+            pending=None,
+            fetched_any=False,
+            epoch_fetched=0,
+            counted_epoch=-1,
+            loop_started=threading.Event(),
+            loop_thread=threading.current_thread(),
+            checkpoint_states=checkpoint_states,
+            _warned=False,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -194,7 +265,64 @@ class ResumableLoader:
         return len(self.loader)
 
     def __iter__(self) -> _Epoch:
-        return _Epoch(self, self.trainer.fit_loop.epoch_progress.current.processed)
+        """The iteration of an epoch (or pass); see :class:`_Epoch` for when the inner iterator is made.
+
+        A state at an epoch's end (``complete``) that no batch was fetched after yet sets the host
+        random states of the checkpoint before the inner iterator is made (by the fit's first
+        stateful loader: the others follow it, as their ``iter()`` followed its in the run that wrote
+        the checkpoint), at every such ``iter()``: Lightning makes a resumed fit's iterator once
+        more when its epoch loop restarts after the epoch's validation.
+        """
+        self._consult_checkpoint()
+        state = self.pending
+        if state is not None and not state["complete"]:
+            return _Epoch(self, eager=False)
+        if state is not None and not any(sibling.fetched_any for sibling in self._siblings()):
+            siblings = self._siblings()
+            if not siblings or siblings[0] is self:
+                restore_host_states(state["states"])
+        return _Epoch(self, eager=True)
+
+    def wait_for_the_loop(self) -> None:
+        """In a thread fetching ahead of the fit's loop, wait until the loop has decided its epoch.
+
+        torch_xla's ``MpDeviceLoader`` (the spawn strategy) fetches in a thread of its own from the
+        moment Lightning calls ``iter()``, which Lightning's fit loop does before its ``reset`` moves a
+        resumed fit to its epoch. The loop's own thread never waits (Lightning fetches ahead there
+        for a loader without length, before ``on_train_start``). Waits at most
+        :data:`LOOP_START_TIMEOUT_S`, then goes on with a warning.
+        """
+        if threading.current_thread() is self.loop_thread or self.loop_started.is_set():
+            return
+        if not self.loop_started.wait(LOOP_START_TIMEOUT_S):
+            self.warn(f"its loader's thread found the fit's loop not started within {LOOP_START_TIMEOUT_S} s")
+
+    def _siblings(self) -> list[ResumableLoader]:
+        """The fit's stateful training loaders (``CombinedLoader.flattened``), as resumable loaders, in order."""
+        combined = getattr(self.trainer.fit_loop, "_combined_loader", None)
+        found = []
+        for loader in getattr(combined, "flattened", None) or ():
+            owner = getattr(getattr(loader, "state_dict", None), "__self__", None)
+            if isinstance(owner, ResumableLoader):
+                found.append(owner)
+        return found
+
+    def _consult_checkpoint(self) -> None:
+        """Take this loader's state from the resumed checkpoint (:attr:`checkpoint_states`) if Lightning did not.
+
+        Lightning's fit loop gives the stateful loaders their states only when it restarts inside an
+        epoch (``_FitLoop._load_combined_loader_states``); resumed from a checkpoint written after an
+        epoch's end it gives none, and the random states there are what the next epoch's shuffle is
+        drawn from. Read once, at the fit's first ``iter()``.
+        """
+        states, self.checkpoint_states = self.checkpoint_states, None
+        if self.pending is not None or not states:
+            return
+        combined = self.trainer.fit_loop._combined_loader
+        stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
+        mine = [i for i, loader in enumerate(stateful) if getattr(loader, "state_dict", None) == self.state_dict]
+        if mine and mine[0] < len(states) and isinstance(states[mine[0]], dict):
+            self.load_state_dict(states[mine[0]])
 
     @property
     def inner_stateful(self) -> bool:
@@ -212,13 +340,16 @@ class ResumableLoader:
             trained = progress.current.processed if epoch is not None else 0
             complete = epoch is not None and (progress.is_last_batch or trained >= self.trainer.num_training_batches)
             before = list(epoch.before_fetch or ()) if epoch is not None else []
-            ahead = epoch.fetched - trained * self.per_step if epoch is not None else 0
+            ahead = self.epoch_fetched - trained * self.per_step if epoch is not None else 0
+            offset = epoch.offset if epoch is not None else 0
             state = {
                 "version": STATE_VERSION,
                 "epoch": epoch.epoch if epoch is not None else loop.epoch_progress.current.processed,
-                "trained": trained * self.per_step,
+                "trained": trained * self.per_step - offset,
+                "offset": offset,
                 "complete": complete,
                 "start_states": epoch.start_states if epoch is not None else None,
+                "first_fetch_states": epoch.first_fetch_states if epoch is not None else None,
                 "before_fetch": before[len(before) - ahead :] if 0 < ahead <= len(before) else [],
                 "states": host_states(),
                 "run_seed": self.seeds.run_seed,
@@ -333,14 +464,45 @@ class ResumesLoaderPosition:
     """
 
     lightning_module: Any
+    #: The loader states of the checkpoint a fit resumes (read by :meth:`load_checkpoint`), until training starts.
+    _loader_states_to_load: Optional[list] = None
+
+    #: The training loaders made resumable whose threads may still wait for the fit's loop to start.
+    _waiting_loaders: Optional[list[ResumableLoader]] = None
+
+    def _release_loaders(self) -> None:
+        for loader in self._waiting_loaders or ():
+            loader.loop_started.set()
+        self._waiting_loaders = None
+
+    def on_train_start(self) -> None:
+        """Let the training loaders' threads fetch: the fit's loop has decided its epoch."""
+        super().on_train_start()  # type: ignore[misc]
+        self._loader_states_to_load = None
+        self._release_loaders()
+
+    def teardown(self) -> None:
+        """Release the loaders' threads of a fit that ended before training started (``max_steps`` reached, say)."""
+        self._release_loaders()
+        super().teardown()  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         """Write ``checkpoint`` with the training loaders' positions under :data:`CHECKPOINT_KEY` (:func:`portable`)."""
         super().save_checkpoint(portable(checkpoint), *args, **kwargs)  # type: ignore[misc]
 
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """Read a checkpoint, the training loaders' positions back where the fit loop reads them (:func:`resumable`)."""
-        return resumable(super().load_checkpoint(*args, **kwargs))  # type: ignore[misc]
+        """Read a checkpoint, the training loaders' positions back where the fit loop reads them (:func:`resumable`).
+
+        In a fit they are also kept for the training loaders: Lightning gives them to the loaders
+        only when its loop restarts inside an epoch (:meth:`ResumableLoader._consult_checkpoint`).
+        """
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        checkpoint = resumable(super().load_checkpoint(*args, **kwargs))  # type: ignore[misc]
+        module = self.lightning_module
+        fitting = module is not None and module._trainer is not None and module.trainer.state.fn == TrainerFn.FITTING
+        self._loader_states_to_load = _loader_states(checkpoint) if fitting and isinstance(checkpoint, dict) else None
+        return checkpoint
 
     def process_dataloader(self, dataloader: object) -> object:
         from lightning.pytorch.trainer.states import RunningStage, TrainerFn
@@ -350,7 +512,8 @@ class ResumesLoaderPosition:
         if trainer is None or trainer.state.fn != TrainerFn.FITTING or trainer.state.stage != RunningStage.TRAINING:
             return super().process_dataloader(dataloader)  # type: ignore[misc]
         per_step = self.loader_batches_per_step() if hasattr(self, "loader_batches_per_step") else 1
-        resumable = ResumableLoader(dataloader, trainer, self, per_step)
+        resumable = ResumableLoader(dataloader, trainer, self, per_step, self._loader_states_to_load)
+        self._waiting_loaders = [*(self._waiting_loaders or ()), resumable]
         processed = super().process_dataloader(resumable)  # type: ignore[misc]
         if not isinstance(processed, _Stateful):  # torch_xla's MpDeviceLoader: Lightning reads these two names
             processed.state_dict = resumable.state_dict  # type: ignore[attr-defined]
