@@ -13,22 +13,26 @@ import inspect
 from typing import Any, Optional
 
 from xla_plugins import compile_cache
+from xla_plugins.host_reads import SourceLine
 from xla_plugins.loop_phases import Counts, Phase
 from xla_plugins.recompile_budget import BUDGET_VARIABLE
 
 #: What to change, by kind of cause: ``"shapes"``, ``"read"``, ``"graph"``.
 _REMEDIES = {
     "shapes": "pad every batch to a fixed length or to a few bucketed lengths (a collate_fn with a fixed"
-    " max_length, or lengths rounded up to a multiple of 64), and use drop_last=True for a last partial batch",
+    " max_length, or lengths rounded up to a multiple of 64)",
     "read": "keep the value on the device (torch.where instead of `if`, accumulate in a tensor), log it with"
     " self.log(name, tensor) instead of .item() or print, and read it outside the step if at all",
     "graph": "keep Python values that change (the step number, a schedule) out of the traced operations:"
     " pass them as tensors, or make the branch a tensor operation (torch.where)",
 }
+#: Added to the remedy for new shapes in the training loop, where dropping a last partial batch loses no data
+#: that counts (an evaluation loader's smaller last batch is expected: one compilation, not reported).
+_TRAINING_SHAPES_REMEDY = ", and use drop_last=True in the training loader for a last partial batch"
 
 
-def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[str]:
-    """``file:line`` where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
+def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[SourceLine]:
+    """The line where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
 
     ``trainer`` is the run's ``lightning.pytorch.Trainer`` (``None`` outside a run: no line).
     """
@@ -49,7 +53,8 @@ def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Op
         code = inspect.unwrap(function).__code__  # type: ignore[arg-type]
     except (AttributeError, TypeError, ValueError):
         return None
-    return f"{code.co_filename}:{code.co_firstlineno} ({type(owner).__name__}.{hook})"
+    module = getattr(function, "__module__", None) or ""
+    return SourceLine(code.co_filename, code.co_firstlineno, module, f"{type(owner).__name__}.{hook}")
 
 
 def shapes_text(shapes: tuple) -> str:
@@ -58,9 +63,20 @@ def shapes_text(shapes: tuple) -> str:
 
 
 def report_text(
-    phase: Phase, cause: str, total: Counts, why: str, line: Optional[str], where: Optional[str], warmup_calls: int
+    phase: Phase,
+    cause: str,
+    total: Counts,
+    why: str,
+    line: Optional[SourceLine],
+    where: Optional[str],
+    warmup_calls: int,
+    training: bool = True,
 ) -> str:
-    """The report of a late event of kind ``cause`` (a key of ``_REMEDIES``) in ``phase``, with its cost ``total``."""
+    """The report of a late event of kind ``cause`` (a key of ``_REMEDIES``) in ``phase``, with its cost ``total``.
+
+    ``training``: the event is in the training loop (for new shapes, the remedy then names ``drop_last``).
+    """
+    remedy = _REMEDIES[cause] + (_TRAINING_SHAPES_REMEDY if cause == "shapes" and training else "")
     kind = "host read" if cause == "read" else "late compilation"
     when = (
         f"call {phase.calls}, after the warm-up of {warmup_calls}"
@@ -69,12 +85,12 @@ def report_text(
     )
     return (
         f"XLA compile monitor: {kind} in {where or phase.label} ({when}).\n"
-        f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
+        f"  line:   {line.text() if line is not None else 'not found in your code (Lightning or a library asked)'}\n"
         f"  why:    {why}\n"
         f"  cost:   {total.compilations} compilation(s), {total.compile_s:.2f} s compiling so far for this cause;"
         f" {total.host_reads} device-to-host transfer(s)\n"
-        f"  remedy: {_REMEDIES[cause]}\n"
-        f"  Reported once per cause; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
+        f"  remedy: {remedy}\n"
+        f"  Reported once per cause and trainer; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
     )
 
 
