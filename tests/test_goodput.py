@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_plugins._goodput_ledger import BUCKETS, RunLedger, table_lines
+from trainer_plugins._goodput_ledger import BUCKETS, RunLedger, goodput_table_lines
 from trainer_plugins._goodput_record import read_ledger
 
 pytestmark = pytest.mark.xla
@@ -257,7 +257,7 @@ def test_every_xla_strategy_keeps_a_ledger_that_adds_up(tmp_path, strategy, devi
     assert [entry["step"] for entry in logged(root)] == [BATCHES, STEPS]
     # one table (a spawn worker's log lines may come twice, through a root handler too, with prefixes)
     heads = {line[line.index("Goodput ") :] for line in output(result).splitlines() if " wall time: " in line}
-    assert heads == {table_lines(ledger)[0]}
+    assert heads == {goodput_table_lines(ledger)[0]}
 
 
 class _Trainer:

@@ -45,9 +45,11 @@ earlier or later. So there a late compilation is reported only where its cause i
 own (new input shapes of its own batches); host reads are counted by the thread that reads, and
 reported as everywhere (see :func:`replica_threads`).
 
-**Summary.** When the run ends (the ``teardown`` hook), global rank 0 logs compilations and
-compile seconds per phase, the late compilations and the host reads per step (to Lightning's
-``rank_zero_info`` logger); :attr:`CompileMonitor.summary` holds the same numbers on every rank.
+**Summary.** When the run ends (the ``teardown`` hook), global rank 0 logs one line: what the run
+did in Lightning's counts, its compilations and how many were late (with the goodput of a ``fit``;
+:mod:`xla_plugins.end_of_run`); the table of compilations, compile seconds and host reads per phase
+when a cause was reported or on request (``XLA_PLUGINS_SUMMARY=tables``). :attr:`CompileMonitor.summary`
+holds the same numbers on every rank.
 """
 
 from __future__ import annotations
@@ -58,14 +60,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
 from trainer_plugins import wrap_innermost_profiler
-from xla_plugins import _runtime, _torch_xla_contract, compile_cache
-from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
+from xla_plugins import _runtime, _torch_xla_contract, compile_cache, end_of_run
+from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text
 from xla_plugins.host_reads import READ_METHODS, SourceLine, read_cause, unwrap_reads, user_line, warn_at, wrap_reads
 from xla_plugins.loop_phases import Counts, Phase, PhaseProfiler, read_counters
 from xla_plugins.recompile_budget import (
@@ -168,7 +169,7 @@ class CompileMonitor(Callback):
         #: the causes warned about in any run of this monitor's trainer: each is warned once per trainer
         self._warned: set[tuple] = getattr(self, "_warned", set())
         self._stack: list[Phase] = []
-        self._outside = Phase("outside any hook")
+        self._outside = Phase(self._outside_label)
         if trainer is not None:
             self._counter_value, self._metric_data = _torch_xla_contract.metric_readers()
         #: torch_xla's totals when the run started: (compilations, compile seconds, transfers)
@@ -280,6 +281,8 @@ class CompileMonitor(Callback):
     _step_of_loop = _STEP_OF_LOOP
     #: the hooks whose calls the summary counts as steps
     _step_hooks = frozenset(_STEP_OF_LOOP.values())
+    #: the phase of what runs outside every profiled action
+    _outside_label = "between hooks (Lightning's own loop work)"
 
     def _step_of_phase(self, phase: Phase) -> Optional[str]:
         """The step hook whose graph runs in ``phase``: ``training_step`` for ``backward`` and ``optimizer_step``."""
@@ -389,12 +392,12 @@ class CompileMonitor(Callback):
     # -- the end of the run -----------------------------------------------------------------------
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Count the rest, print the summary, give the trainer its own profiler back, unwrap the reads."""
+        """Count the rest, log the run's end (:mod:`xla_plugins.end_of_run`), give back the profiler and the reads."""
         self._flush()
         unwrap_reads()
         PhaseProfiler.unwrap(trainer)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
-        self._log_summary()
+        self._log_summary(trainer)
         compile_cache.warn_if_unreadable()
         self._trainer = None
 
@@ -402,22 +405,34 @@ class CompileMonitor(Callback):
         """Unwrap the reads and give the trainer its own profiler back (a run that raised has no teardown)."""
         unwrap_reads()
         PhaseProfiler.unwrap(trainer)
+        end_of_run.run_starts(trainer, monitored=False)  # no teardown follows: the goodput ledger logs itself
 
-    def _log_summary(self) -> None:
-        """Log :attr:`summary`'s lines if this replica is global rank 0 (its strategy's own rank, read at the start).
+    def _log_summary(self, trainer: Any) -> None:
+        """Log the end of the run if this replica is global rank 0 (its strategy's own rank, read at the start).
 
         Not through ``rank_zero_info``: replicas that are threads of one process share Lightning's
-        ``rank_zero_only.rank``, which holds whichever replica set it last. The lines go to the
-        logger ``rank_zero_info`` writes to (Lightning configures it).
+        ``rank_zero_only.rank``, which holds whichever replica set it last (:func:`~xla_plugins.end_of_run.log_lines`).
         """
-        if self._global_zero:
-            for line in summary_lines(self.summary):
-                rank_zero_module.log.info(line)
+        end_of_run.run_ended(trainer, self.summary["stage"], self._done(trainer), self.summary, self._global_zero)
+
+    def _done(self, trainer: Any) -> str:
+        """What the run did, in Lightning's own counts: ``trainer.global_step`` for ``fit``, else the step hook's batches."""
+        stage = self.summary["stage"]
+        if stage == "fit":
+            return f"fit ended at trainer.global_step={trainer.global_step}"
+        hook = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}.get(stage, "")
+        batches = self.summary["step_calls"].get(hook, 0)
+        return f"{stage} ran {batches} batch{'es' if batches != 1 else ''} ({hook})"
 
     def _summarize(self, stage: str) -> dict[str, Any]:
-        steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
+        step_calls: dict[str, int] = {}
+        for phase in self.phases.values():
+            if phase.hook in self._step_hooks:
+                step_calls[phase.hook] = step_calls.get(phase.hook, 0) + phase.calls
         phases = [*self.phases.values(), self._outside]
-        return run_summary(stage, phases, steps, len(self.reports), self._first, read_counters(), self.replica_threads)
+        return run_summary(
+            stage, phases, step_calls, len(self.reports), self._first, read_counters(), self.replica_threads
+        )
 
 
 def install(trainer: Any) -> Optional[CompileMonitor]:
@@ -435,6 +450,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         ValueError: ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is not one of :data:`BUDGETS`.
     """
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
+    end_of_run.run_starts(trainer, monitored=chosen != "off")
     PhaseProfiler.unwrap(trainer)  # left by a run that raised
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":

@@ -98,14 +98,20 @@ Totals = tuple[int, float, int]  # torch_xla's (compilations, compile seconds, t
 
 
 def run_summary(
-    stage: str, phases: list[Phase], steps: int, reports: int, first: Totals, last: Totals, replica_threads: int
+    stage: str,
+    phases: list[Phase],
+    step_calls: dict[str, int],
+    reports: int,
+    first: Totals,
+    last: Totals,
+    replica_threads: int,
 ) -> dict[str, Any]:
     """The run's summary (``CompileMonitor.summary``): totals from torch_xla's counters, then the phases' counts.
 
     Args:
         stage: the run's stage (``"fit"``, ..., ``"fabric"``).
         phases: every phase of the run (those with nothing counted are left out).
-        steps: the calls of the step hooks.
+        step_calls: the calls of each step hook (``{"training_step": 64, "validation_step": 18}``).
         reports: the causes reported.
         first: :func:`~xla_plugins.loop_phases.read_counters` when the run started.
         last: the same, now.
@@ -123,7 +129,8 @@ def run_summary(
         "host_reads_not_through_tensor_methods": last[2] - first[2] - tensor_reads,
         "late_compilations": sum(p.late_compilations for p in phases),
         "reports": reports,
-        "steps": steps,
+        "steps": sum(step_calls.values()),
+        "step_calls": dict(step_calls),
         "host_reads_in_steps": sum(p.counts.host_reads for p in phases if p.in_step),
         "replica_threads": replica_threads,
         "phases": {
@@ -140,14 +147,18 @@ def run_summary(
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The lines of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one per phase."""
-    steps = summary["steps"]
-    per_step = summary["host_reads_in_steps"] / steps if steps else 0.0
+    """The table of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one line per phase.
+
+    The calls of the step hooks are Lightning's: the sanity check's validation batches are among the
+    ``validation_step`` calls, and ``training_step`` calls are ``trainer.global_step`` times
+    ``accumulate_grad_batches`` for a fit that started at step 0.
+    """
+    calls = ", ".join(f"{hook} {count}" for hook, count in summary["step_calls"].items()) or "none"
     lines = [
         f"XLA compile monitor ({summary['stage']}): {summary['compilations']} compilation(s),"
         f" {summary['compile_s']:.2f} s compiling, {summary['late_compilations']} late;"
-        f" {summary['host_reads']} host read(s), {per_step:.2f} per step inside steps ({steps} steps);"
-        f" {summary['reports']} cause(s) reported."
+        f" {summary['host_reads']} host read(s), {summary['host_reads_in_steps']} of them inside steps;"
+        f" {summary['reports']} cause(s) reported. Step calls: {calls}."
     ]
     for label, counts in summary["phases"].items():
         lines.append(
@@ -155,8 +166,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f" {counts['late_compilations']} late, {counts['host_reads']} host read(s) in {counts['calls']} call(s)"
         )
     lines.append(
-        f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
-        f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
+        "  reads of logged metrics, the progress bar and checkpoints by Lightning and xla-plugins (one transfer"
+        f" for many values; not per phase): {summary['host_reads_not_through_tensor_methods']} host read(s)"
     )
     threads = summary["replica_threads"]
     if threads > 1:

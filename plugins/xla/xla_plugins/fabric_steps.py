@@ -61,6 +61,7 @@ class FabricCompileMonitor(CompileMonitor):
 
     _step_of_loop = {"training": "step", "evaluation": "forward"}
     _step_hooks = frozenset({"step"})
+    _outside_label = "outside the training steps"
 
     def __init__(self, budget: str, strategy: Any) -> None:
         super().__init__(budget)
@@ -100,6 +101,10 @@ class FabricCompileMonitor(CompileMonitor):
     def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[SourceLine]:
         return self._step_line
 
+    def _done(self, trainer: Any) -> str:
+        steps = self.summary["steps"]
+        return f"Fabric loop of {steps} training step{'s' if steps != 1 else ''} (optimizer.step() calls)"
+
     def finish(self) -> dict[str, Any]:
         """Count the rest and return the summary (:attr:`summary`); the first call prints it on global rank 0
         (unless nothing ran: no step, no compilation).
@@ -114,7 +119,7 @@ class FabricCompileMonitor(CompileMonitor):
             self._finished = True
             unwrap_reads()
             if self.summary["steps"] or self.summary["compilations"]:
-                self._log_summary()
+                self._log_summary(None)
             compile_cache.warn_if_unreadable()
         return self.summary
 
