@@ -268,10 +268,13 @@ def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_rep
     from xla_plugins.compile_monitor import CompileMonitor
     from xla_plugins.testing import simulated_runtime
 
+    class Module:  # the user's validation_step, which built the graph
+        def validation_step(self, batch, batch_idx): ...
+
     trainer = SimpleNamespace(
         world_size=world_size,
         is_global_zero=True,
-        lightning_module=None,
+        lightning_module=Module(),
         callbacks=[],
         state=SimpleNamespace(stage=None),
     )

@@ -257,12 +257,21 @@ class CompileMonitor(Callback):
             self._report_compilation(phase, delta, [])
 
     def _report_compilation(self, phase: Phase, delta: Counts, new_shapes: list[NewShapes]) -> None:
-        """Report ``delta``'s compilations in ``phase``, explained by ``new_shapes`` (none: a different graph)."""
+        """Report ``delta``'s compilations in ``phase``, explained by ``new_shapes`` (none: a different graph).
+
+        A different graph that no code of the user's built (Lightning's own work between or around the
+        hooks: a checkpoint's save, the loop's logging) is counted as late in the summary's table and
+        not reported: there is nothing in the user's code to change.
+        """
         phase.late_compilations += delta.compilations
         step_hook = self._step_of_phase(phase)
         if new_shapes:
+            step_hook = self._step_of_loop[new_shapes[0].loop]
+        line = self._compilation_line(phase, step_hook)
+        if line is None and not new_shapes:
+            return
+        if new_shapes:
             loop = new_shapes[0].loop
-            step_hook = self._step_of_loop[loop]
             shown = "; ".join(shapes_text(entry.shapes) for entry in new_shapes)
             why = f"new input shapes ({shown}) not seen before in this loop"
             cause: tuple = ("shapes", loop)
@@ -273,7 +282,7 @@ class CompileMonitor(Callback):
         if step_hook is not None and step_hook != phase.hook:
             where = f"{self._step_label(step_hook)} (its graph ran at {phase.label})"
         training = not new_shapes or new_shapes[0].loop in ("train", "training")
-        self._report(phase, cause, delta, why, self._compilation_line(phase, step_hook), where, training)
+        self._report(phase, cause, delta, why, line, where, training)
 
     # -- what a late compilation names (the Trainer's hooks; xla_plugins.fabric_steps names Fabric's) --------
 

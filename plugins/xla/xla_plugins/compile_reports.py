@@ -13,7 +13,7 @@ import inspect
 from typing import Any, Optional
 
 from xla_plugins import compile_cache
-from xla_plugins.host_reads import SourceLine
+from xla_plugins.host_reads import SourceLine, is_own
 from xla_plugins.loop_phases import Counts, Phase
 from xla_plugins.recompile_budget import BUDGET_VARIABLE
 
@@ -33,6 +33,8 @@ _TRAINING_SHAPES_REMEDY = ", and use drop_last=True in the training loader for a
 
 def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[SourceLine]:
     """The line where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
+
+    ``None`` where that hook is Lightning's own (not overridden) or not found.
 
     ``trainer`` is the run's ``lightning.pytorch.Trainer`` (``None`` outside a run: no line).
     """
@@ -54,6 +56,8 @@ def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Op
     except (AttributeError, TypeError, ValueError):
         return None
     module = getattr(function, "__module__", None) or ""
+    if is_own(module):  # Lightning's default hook: no code of the user's
+        return None
     return SourceLine(code.co_filename, code.co_firstlineno, module, f"{type(owner).__name__}.{hook}")
 
 

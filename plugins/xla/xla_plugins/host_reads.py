@@ -131,6 +131,11 @@ def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def is_own(module: str) -> bool:
+    """Whether the module named ``module`` is Lightning's or this plugin's (:data:`OWN`), not the user's."""
+    return _matches(module, OWN)
+
+
 def user_frame(frame: Any, through: tuple[str, ...] = ()) -> Optional[Any]:
     """The first frame from ``frame`` outward that is the user's; ``None`` if Lightning's or this plugin's own.
 
@@ -222,6 +227,7 @@ __all__ = [
     "READ_METHODS",
     "Reader",
     "SourceLine",
+    "is_own",
     "line_text",
     "read_cause",
     "unwrap_reads",
