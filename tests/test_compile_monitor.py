@@ -214,7 +214,8 @@ def test_a_clean_default_script_with_clipping_and_accumulation_gives_no_report(t
     result = run(SCRIPTS / "default_fit.py", "--strategy", "single_xla", "--root", str(tmp_path), "--clip-accumulate")
     assert result.returncode == 0, result.stderr[-4000:]
     assert MONITOR not in result.stderr
-    assert "XLA compile monitor (fit):" in result.stdout + result.stderr  # the summary
+    assert "xla-plugins: fit ended at trainer.global_step=" in result.stdout + result.stderr  # the one line
+    assert "XLA compile monitor (fit):" not in result.stdout + result.stderr  # no table: nothing to look at
 
 
 @pytest.mark.slow  # 4 devices: primary tox cell only (tox.ini)
@@ -316,7 +317,7 @@ def test_replica_threads_are_the_ranks_a_process_holds():
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_removes_the_monitor():
+def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_on_request_and_off_removes_the_monitor():
     from conftest import run_python
 
     result = run_python(
@@ -339,11 +340,16 @@ def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_remov
         print("monitors:", len([c for c in trainer.callbacks if isinstance(c, CompileMonitor)]))
         print("item:", torch.Tensor.item.__qualname__)
         """,
-        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None},
+        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None, "XLA_PLUGINS_SUMMARY": "tables"},
     )
     output = result.stdout + result.stderr
     stages = [line.split("(")[1].split(")")[0] for line in output.splitlines() if line.startswith(MONITOR[:-1] + " (")]
     assert stages == ["fit", "validate", "test", "predict"]  # the last test ran with the monitor off
+    # the one line of each, in Lightning's counts (limit_*_batches), before its table
+    assert "xla-plugins: fit ended at trainer.global_step=4; " in output
+    for line in ("validate ran 2 batches (validation_step)", "test ran 3 batches (test_step)",
+                 "predict ran 3 batches (predict_step)"):
+        assert f"xla-plugins: {line}; " in output
     assert "monitors: 0" in output and "item: TensorBase.item" in output
 
 

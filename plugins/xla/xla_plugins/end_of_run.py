@@ -10,8 +10,9 @@ Global rank 0 logs them (Lightning's rank-zero logger, on stderr by default) as 
 
       xla-plugins: fit ended at trainer.global_step=64; 9 XLA compilations (2.2 s), none late; goodput 71.2% of 40.2 s
 
-  (``validate``/``test``/``predict``: the batches of the step hook, as ``Trainer.num_test_batches``
-  etc. counts them for each run); and the tables below when something needs the user's attention:
+  (a Fabric loop: its training steps); ``validate``/``test``/``predict`` add no line of their own
+  unless with a table (the line then gives the batches of the step hook, as ``Trainer.num_test_batches``
+  etc. count them); and the tables below when something needs the user's attention:
   the compile monitor's table when it reported a cause in this run (its warnings came earlier), the
   goodput table when an attempt of the run was interrupted or steps were redone;
 * ``tables``: the line, then both tables: the compile monitor's compilations and host reads per
@@ -94,8 +95,10 @@ def end_lines(stage: str, done: str, summary: Optional[dict[str, Any]], ledger: 
         ValueError: ``XLA_PLUGINS_SUMMARY`` is not one of :data:`SUMMARY_CHOICES`.
     """
     choice = summary_choice()
-    if choice == "off":
-        return []
+    compile_table = summary is not None and (choice == "tables" or bool(summary["reports"]))
+    goodput_table = ledger is not None and (choice == "tables" or needs_attention(ledger))
+    if choice == "off" or (stage not in ("fit", "fabric") and not compile_table):
+        return []  # an evaluation run's line only with its table: the fit's line is the run's
     parts = [done]
     if summary is not None:
         compilations, late = summary["compilations"], summary["late_compilations"]
@@ -108,9 +111,9 @@ def end_lines(stage: str, done: str, summary: Optional[dict[str, Any]], ledger: 
     if ledger is not None:
         parts.append(goodput_summary_line(ledger))
     lines = ["xla-plugins: " + "; ".join(parts)]
-    if summary is not None and (choice == "tables" or summary["reports"]):
+    if compile_table and summary is not None:
         lines += summary_lines(summary)
-    if ledger is not None and (choice == "tables" or needs_attention(ledger)):
+    if goodput_table and ledger is not None:
         lines += goodput_table_lines(ledger)
     if choice == "line" and len(lines) == 1:
         lines[0] += f" ({SUMMARY_VARIABLE}=tables for details)"
