@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -295,7 +296,7 @@ def test_the_stop_checkpoint_written_from_on_exception_counts_as_checkpoint_save
     assert strategy._goodput is None
 
 
-def a_ledger(ended: str = "finished") -> RunLedger:
+def a_ledger(ended: Optional[str] = "finished") -> RunLedger:
     seconds = dict.fromkeys(BUCKETS, 1.0)
     return RunLedger("run", [Attempt(1, 0, 16, seconds, ended=ended)])
 
@@ -314,6 +315,8 @@ def test_the_end_of_a_fit_prints_the_tables_on_request_or_when_an_attempt_was_in
     monkeypatch.setenv(SUMMARY_VARIABLE, "line")
     interrupted = a_ledger("interrupted (SIGTERMException)")
     assert end_lines("fit", done, None, interrupted) == [line, *goodput_table_lines(interrupted)]
+    # an attempt known from a checkpoint's snapshot only (a fit resumed in another directory) is not interrupted
+    assert end_lines("fit", done, None, a_ledger(None)) == [line]
     monkeypatch.setenv(SUMMARY_VARIABLE, "off")
     assert end_lines("fit", done, None, interrupted) == []
     monkeypatch.setenv(SUMMARY_VARIABLE, "loud")

@@ -255,8 +255,12 @@ def goodput_summary_line(ledger: RunLedger) -> str:
 
 
 def needs_attention(ledger: RunLedger) -> bool:
-    """Whether the run's ledger holds something a user should look at: an attempt not finished, or steps redone."""
-    return ledger.lost_steps > 0 or any(a.ended != "finished" for a in ledger.attempts)
+    """Whether the run's ledger holds something a user should look at: an attempt interrupted, or steps redone.
+
+    An attempt known only from a checkpoint's snapshot (``ended`` is ``None``: the snapshot was taken
+    while it ran, and no record tells how it ended) is not taken for interrupted.
+    """
+    return ledger.lost_steps > 0 or any(a.ended not in (None, "finished") for a in ledger.attempts)
 
 
 def goodput_table_lines(ledger: RunLedger) -> list[str]:
