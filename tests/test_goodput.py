@@ -316,7 +316,7 @@ def test_the_end_of_a_fit_prints_the_tables_on_request_or_when_an_attempt_was_in
     interrupted = a_ledger("interrupted (SIGTERMException)")
     assert end_lines("fit", done, None, interrupted) == [line, *goodput_table_lines(interrupted)]
     # an attempt known from a checkpoint's snapshot only (a fit resumed in another directory) is not interrupted
-    assert end_lines("fit", done, None, a_ledger(None)) == [line]
+    assert end_lines("fit", done, None, a_ledger(None)) == [f"{line} ({SUMMARY_VARIABLE}=tables for details)"]
     monkeypatch.setenv(SUMMARY_VARIABLE, "off")
     assert end_lines("fit", done, None, interrupted) == []
     monkeypatch.setenv(SUMMARY_VARIABLE, "loud")
