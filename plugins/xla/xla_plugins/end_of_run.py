@@ -58,7 +58,12 @@ def summary_choice() -> str:
 
 
 def run_starts(trainer: Any, monitored: bool) -> None:
-    """A run of ``trainer`` starts; ``monitored``: its compile monitor logs the end of the run (:func:`run_ended`)."""
+    """A run of ``trainer`` starts; ``monitored``: its compile monitor logs the end of the run (:func:`run_ended`).
+
+    Raises:
+        ValueError: ``XLA_PLUGINS_SUMMARY`` is not one of :data:`SUMMARY_CHOICES` (checked here, before the run).
+    """
+    summary_choice()
     if monitored:
         _monitored[trainer] = None
     else:
