@@ -347,8 +347,11 @@ def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_on_request_an
     assert stages == ["fit", "validate", "test", "predict"]  # the last test ran with the monitor off
     # the one line of each, in Lightning's counts (limit_*_batches), before its table
     assert "xla-plugins: fit ended at trainer.global_step=4; " in output
-    for line in ("validate ran 2 batches (validation_step)", "test ran 3 batches (test_step)",
-                 "predict ran 3 batches (predict_step)"):
+    for line in (
+        "validate ran 2 batches (validation_step)",
+        "test ran 3 batches (test_step)",
+        "predict ran 3 batches (predict_step)",
+    ):
         assert f"xla-plugins: {line}; " in output
     assert "monitors: 0" in output and "item: TensorBase.item" in output
 
@@ -430,7 +433,7 @@ def test_stand_in_counter_each_cause_is_warned_once_per_trainer_located_at_the_u
     action = "[Strategy]SingleDeviceXLAStrategy.training_step"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for run in range(2):  # two runs of the same trainer (fit, then fit again): the monitor is reused
+        for _ in range(2):  # two runs of the same trainer (fit, then fit again): the monitor is reused
             monitor._start_run(trainer)
             monitor._counter_value = lambda name: counter[0]
             for _ in range(4):
@@ -441,5 +444,7 @@ def test_stand_in_counter_each_cause_is_warned_once_per_trainer_located_at_the_u
             assert len(monitor.reports) == 1  # each run's own reports
     ours = [w for w in caught if issubclass(w.category, LateCompilationWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
-    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# a host read on this" in text)
+    line = next(
+        n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# a host read on this" in text
+    )
     assert (ours[0].filename, ours[0].lineno) == (__file__, line)

@@ -132,7 +132,9 @@ def test_a_clean_fit_prints_one_line_of_ours_with_the_records_goodput_and_lightn
     # before: a 10-line goodput table and a 7-line compile summary after every fit
     root, result = sleepy_run
     ledger = read_ledger(root)
-    ours = [line for line in output(result).splitlines() if line.startswith(("xla-plugins: ", "XLA compile", "Goodput "))]
+    ours = [
+        line for line in output(result).splitlines() if line.startswith(("xla-plugins: ", "XLA compile", "Goodput "))
+    ]
     assert len(ours) == 1, output(result)
     assert ours[0].startswith(f"xla-plugins: fit ended at trainer.global_step={report(result)['global_step']}; ")
     assert ours[0].endswith(f"; {goodput_summary_line(ledger)} (XLA_PLUGINS_SUMMARY=tables for details)")

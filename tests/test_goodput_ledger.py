@@ -12,7 +12,7 @@ import pytest
 
 from trainer_plugins import _cli
 from trainer_plugins._goodput_clock import BucketClock, process_start
-from trainer_plugins._goodput_ledger import BUCKETS, Attempt, LedgerFormatError, RunLedger, resumed, goodput_table_lines
+from trainer_plugins._goodput_ledger import BUCKETS, Attempt, LedgerFormatError, RunLedger, goodput_table_lines, resumed
 from trainer_plugins._goodput_record import (
     STAMP,
     NoLedgerError,

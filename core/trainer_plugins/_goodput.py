@@ -45,7 +45,8 @@ attempt add up to its wall time; lost work and the run's totals are in ``trainer
 (``trainer_plugins._goodput_ledger.metrics``) go to each of the Trainer's loggers
 (``logger.log_metrics(..., step=trainer.global_step)``, with ``"epoch"`` as in Lightning's own rows);
 nothing is printed: the backend prints what it chooses when ``fit`` ends, from
-``trainer_plugins._goodput_ledger.goodput_summary_line`` and ``goodput_table_lines``; every checkpoint but a weights-only one carries the ledger. Where the Trainer
+``trainer_plugins._goodput_ledger.goodput_summary_line`` and ``goodput_table_lines``; every checkpoint
+but a weights-only one carries the ledger. Where the Trainer
 has a logger or a checkpoint callback and ``default_root_dir`` is a local directory, the record in
 ``<default_root_dir>/goodput/`` (``trainer_plugins._goodput_record``) is rewritten when the attempt
 starts, after each checkpoint save, at each epoch end and when ``fit`` ends, and stamped after

@@ -12,7 +12,8 @@ reports (Python's warnings, each text once) and summary are in their output (std
 
 ``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
 longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
-in ``training_step``. ``item-padding``: both in one training step. ``callback-print``: a callback prints the loss in ``on_train_batch_end``.
+in ``training_step``. ``item-padding``: both in one training step. ``callback-print``: a callback prints
+the loss in ``on_train_batch_end``.
 ``branch``: ``training_step`` doubles the loss at step 12 only. ``partial-validation``: validation
 batches of 2 from 5 items, so each validation run ends with a batch of 1 (expected: no report).
 Validation runs every epoch, the loss is logged with ``prog_bar=True``, checkpoints are written.

@@ -35,7 +35,7 @@ def seconds_from_environment(variable: str, default: float, meaning: str) -> flo
 
 
 def choice_from_environment(variable: str, choices: tuple[str, ...], default: str) -> str:
-    """One of ``choices`` from environment variable ``variable`` (case and blanks ignored); ``default`` when unset or blank.
+    """One of ``choices`` from environment variable ``variable`` (any case, blanks ignored); ``default`` if unset/blank.
 
     Args:
         variable: name of the environment variable, e.g. ``XLA_PLUGINS_SUMMARY``.

@@ -194,9 +194,7 @@ def warn_at(message: str, category: type[Warning], line: Optional[SourceLine]) -
     module = sys.modules.get(line.module) if line.module else None
     module_globals = vars(module) if module is not None else None
     registry = module_globals.setdefault("__warningregistry__", {}) if module_globals is not None else None
-    warnings.warn_explicit(
-        message, category, line.filename, line.lineno, line.module or None, registry, module_globals
-    )
+    warnings.warn_explicit(message, category, line.filename, line.lineno, line.module or None, registry, module_globals)
 
 
 def line_text(filename: str, lineno: int) -> str:
