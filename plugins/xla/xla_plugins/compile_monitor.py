@@ -425,7 +425,7 @@ class CompileMonitor(Callback):
         end_of_run.run_ended(trainer, self.summary["stage"], self._done(trainer), self.summary, self._global_zero)
 
     def _done(self, trainer: Any) -> str:
-        """What the run did, in Lightning's counts: ``trainer.global_step`` for ``fit``, else its step hook's batches."""
+        """What the run did in Lightning's counts: ``trainer.global_step`` for ``fit``, else the step calls."""
         stage = self.summary["stage"]
         if stage == "fit":
             return f"fit ended at trainer.global_step={trainer.global_step}"
