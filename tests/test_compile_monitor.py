@@ -67,7 +67,7 @@ def test_item_in_training_step_gives_one_report_naming_the_line(tmp_path):
     report = the_one_report(outcome)
     assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
     # the warning is located at the user's line (before: at the plugin's own `warnings.warn` call)
-    line = next(n for n, text in enumerate(FIT.read_text().splitlines(), 1) if "if loss.item() > 100:" in text)
+    line = next(n for n, text in enumerate(FIT.read_text().splitlines(), 1) if text.strip() == "if loss.item() > 100:")
     assert outcome["warning_locations"] == [f"{FIT}:{line}"]
     assert f"{FIT}:" in report and "`if loss.item() > 100:`" in report
     assert "why:    a host read (`.item()`)" in report
@@ -115,7 +115,9 @@ def test_a_host_read_and_new_shapes_in_one_step_are_each_reported_as_themselves(
     assert "(Model.training_step)" in shapes and "pad every batch" in shapes
     assert "differs from the previous one" not in "".join(outcome["reports"])
     assert outcome["warnings"] == outcome["reports"]
-    assert outcome["summary"]["late_compilations"] == 2  # the step's forward (at the read), then the rest
+    # the new shapes explain both parts of the step's graph: its forward (compiled at the read), then the rest
+    phases = outcome["summary"]["phases"]
+    assert phases["training_step"]["late_compilations"] >= 1 and phases["optimizer_step"]["late_compilations"] >= 1
 
 
 @pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
