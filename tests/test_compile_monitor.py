@@ -63,8 +63,12 @@ def test_padding_each_batch_to_its_longest_sequence_gives_one_report_of_new_shap
 
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_item_in_training_step_gives_one_report_naming_the_line(tmp_path):
-    report = the_one_report(fit(tmp_path, "item"))
+    outcome = fit(tmp_path, "item")
+    report = the_one_report(outcome)
     assert report.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
+    # the warning is located at the user's line (before: at the plugin's own `warnings.warn` call)
+    line = next(n for n, text in enumerate(FIT.read_text().splitlines(), 1) if text.strip() == "if loss.item() > 100:")
+    assert outcome["warning_locations"] == [f"{FIT}:{line}"]
     assert f"{FIT}:" in report and "`if loss.item() > 100:`" in report
     assert "why:    a host read (`.item()`)" in report
     assert "keep the value on the device" in report
@@ -88,13 +92,32 @@ def test_a_branch_on_the_step_number_gives_one_report_of_a_different_graph(tmp_p
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-def test_a_last_partial_validation_batch_gives_one_report_naming_validation_step(tmp_path):
-    report = the_one_report(fit(tmp_path, "partial-validation"))
-    assert report.startswith(f"{MONITOR} late compilation in validation_step (its graph ran at ")
-    assert "(input shapes that follow other shapes in the same loop)" in report
-    assert "(Model.validation_step)" in report
-    assert "why:    new input shapes (1x5) not seen before in this loop" in report
-    assert "drop_last=True" in report
+def test_a_last_partial_validation_batch_is_one_expected_compilation_and_not_reported(tmp_path):
+    # validation batches of 2 from 5 items: each validation run ends with a batch of 1 (before: a report
+    # with the remedy drop_last=True, which would drop evaluation data)
+    outcome = fit(tmp_path, "partial-validation")
+    assert outcome["error"] is None
+    assert outcome["reports"] == [] and outcome["warnings"] == []
+    assert outcome["summary"]["late_compilations"] == 0
+
+
+@pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
+def test_a_host_read_and_new_shapes_in_one_step_are_each_reported_as_themselves(tmp_path):
+    # before: the new shapes' compilation was added to the read's report, and the rest of the step's
+    # graph reported as "a graph that differs ... with input shapes seen before"
+    outcome = fit(tmp_path, "item-padding")
+    assert outcome["error"] is None
+    read, shapes = outcome["reports"]
+    assert read.startswith(f"{MONITOR} host read in training_step (call 3, after the warm-up of 2)")
+    assert "`if loss.item() > 100:`" in read and "0 compilation(s)" in read
+    assert shapes.startswith(f"{MONITOR} late compilation in training_step (call 10, after the warm-up of 2)")
+    assert "why:    new input shapes (1x7) not seen before in this loop" in shapes
+    assert "(Model.training_step)" in shapes and "pad every batch" in shapes
+    assert "differs from the previous one" not in "".join(outcome["reports"])
+    assert outcome["warnings"] == outcome["reports"]
+    # the new shapes explain both parts of the step's graph: its forward (compiled at the read), then the rest
+    phases = outcome["summary"]["phases"]
+    assert phases["training_step"]["late_compilations"] >= 1 and phases["optimizer_step"]["late_compilations"] >= 1
 
 
 @pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
@@ -193,7 +216,8 @@ def test_a_clean_default_script_with_clipping_and_accumulation_gives_no_report(t
     result = run(SCRIPTS / "default_fit.py", "--strategy", "single_xla", "--root", str(tmp_path), "--clip-accumulate")
     assert result.returncode == 0, result.stderr[-4000:]
     assert MONITOR not in result.stderr
-    assert "XLA compile monitor (fit):" in result.stdout + result.stderr  # the summary
+    assert "xla-plugins: fit ended at trainer.global_step=" in result.stdout + result.stderr  # the one line
+    assert "XLA compile monitor (fit):" not in result.stdout + result.stderr  # no table: nothing to look at
 
 
 @pytest.mark.slow  # 4 devices: primary tox cell only (tox.ini)
@@ -247,10 +271,13 @@ def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_rep
     from xla_plugins.compile_monitor import CompileMonitor
     from xla_plugins.testing import simulated_runtime
 
+    class Module:  # the user's validation_step, which built the graph
+        def validation_step(self, batch, batch_idx): ...
+
     trainer = SimpleNamespace(
         world_size=world_size,
         is_global_zero=True,
-        lightning_module=None,
+        lightning_module=Module(),
         callbacks=[],
         state=SimpleNamespace(stage=None),
     )
@@ -264,6 +291,7 @@ def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_rep
     action = "[Strategy]XLAStrategy.validation_step"
     with pytest.warns() if reported else contextlib.nullcontext():
         for call in range(4):
+            monitor._batch_starts()
             monitor._on_batch("validation", torch.zeros(1, 5))
             monitor.enter(action)
             compilations[0] += call in (0, 3)  # the first step's own graph, then one past the warm-up
@@ -291,7 +319,7 @@ def test_replica_threads_are_the_ranks_a_process_holds():
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
-def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_removes_the_monitor():
+def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_on_request_and_off_removes_the_monitor():
     from conftest import run_python
 
     result = run_python(
@@ -314,9 +342,111 @@ def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_and_off_remov
         print("monitors:", len([c for c in trainer.callbacks if isinstance(c, CompileMonitor)]))
         print("item:", torch.Tensor.item.__qualname__)
         """,
-        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None},
+        env={"PJRT_DEVICE": "CPU", "XLA_PLUGINS_RECOMPILES": None, "XLA_PLUGINS_SUMMARY": "tables"},
     )
     output = result.stdout + result.stderr
     stages = [line.split("(")[1].split(")")[0] for line in output.splitlines() if line.startswith(MONITOR[:-1] + " (")]
     assert stages == ["fit", "validate", "test", "predict"]  # the last test ran with the monitor off
+    # the one line of each, in Lightning's counts (limit_*_batches), before its table
+    assert "xla-plugins: fit ended at trainer.global_step=4; " in output
+    for line in (
+        "validate ran 2 batches (validation_step)",
+        "test ran 3 batches (test_step)",
+        "predict ran 3 batches (predict_step)",
+    ):
+        assert f"xla-plugins: {line}; " in output
     assert "monitors: 0" in output and "item: TensorBase.item" in output
+
+
+def stand_in_trainer(world_size: int = 1, num_val_batches: tuple = (3,)) -> object:
+    """What the monitor reads of a Trainer, for the stand-in tests that drive it by hand."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        world_size=world_size,
+        is_global_zero=True,
+        lightning_module=None,
+        callbacks=[],
+        state=SimpleNamespace(stage=None),
+        sanity_checking=False,
+        num_val_batches=list(num_val_batches),
+        num_sanity_val_batches=[min(2, n) for n in num_val_batches],
+    )
+
+
+def stand_in_monitor(trainer: object) -> tuple:
+    """A monitor of ``trainer``'s run whose compile counter is a list the test moves (``counter[0] += 1``)."""
+    from xla_plugins.compile_monitor import CompileMonitor
+
+    monitor = CompileMonitor("warn")
+    monitor._start_run(trainer)
+    counter = [0]
+    monitor._counter_value = lambda name: counter[0]
+    monitor._metric_data = lambda name: (1, 0.0)
+    monitor._compilations = 0
+    return monitor, counter
+
+
+def validation_runs(monitor, counter, trainer, sizes: list, compile_at_end: bool) -> None:
+    """Validation runs by hand: ``sizes`` are the batch sizes of each run; its graph compiles at its end."""
+    action = "[Strategy]SingleDeviceXLAStrategy.validation_step"
+    end = "[Strategy]SingleDeviceXLAStrategy.on_validation_end"
+    for run_sizes in sizes:
+        for index, size in enumerate(run_sizes):
+            monitor.on_validation_batch_start(trainer, None, torch.zeros(size, 5), index)
+            monitor.enter(action)
+            monitor.leave(action)
+        monitor.enter(end)
+        counter[0] += compile_at_end
+        monitor.leave(end)
+        compile_at_end = False
+
+
+def test_stand_in_counter_an_evaluation_loaders_smaller_last_batch_is_expected_but_not_a_smaller_middle_one():
+    import warnings
+
+    from xla_plugins.recompile_budget import LateCompilationWarning
+
+    trainer = stand_in_trainer(num_val_batches=(3,))
+    monitor, counter = stand_in_monitor(trainer)
+    # the sanity check (2 full batches) then a validation run of 3 batches whose last is smaller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validation_runs(monitor, counter, trainer, [[2, 2], [2, 2, 1]], compile_at_end=False)
+        counter[0] += 1  # the validation run's graph, with the smaller last batch, compiled at its end
+        monitor.enter("[Strategy]SingleDeviceXLAStrategy.on_validation_end")
+        monitor.leave("[Strategy]SingleDeviceXLAStrategy.on_validation_end")
+    assert monitor.reports == []
+    # a smaller batch that is not the loader's last is new shapes, reported
+    trainer.num_val_batches = [4]
+    with pytest.warns(LateCompilationWarning):
+        validation_runs(monitor, counter, trainer, [[2, 3, 2, 1]], compile_at_end=True)
+    assert len(monitor.reports) == 1 and "new input shapes (3x5) not seen before" in monitor.reports[0]
+
+
+def test_stand_in_counter_each_cause_is_warned_once_per_trainer_located_at_the_users_line():
+    import sys
+    import warnings
+
+    from xla_plugins.recompile_budget import LateCompilationWarning
+
+    trainer = stand_in_trainer()
+    monitor, counter = stand_in_monitor(trainer)
+    action = "[Strategy]SingleDeviceXLAStrategy.training_step"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # two runs of the same trainer (fit, then fit again): the monitor is reused
+            monitor._start_run(trainer)
+            monitor._counter_value = lambda name: counter[0]
+            for _ in range(4):
+                monitor.on_train_batch_start(trainer, None, torch.zeros(1, 5), 0)
+                monitor.enter(action)
+                monitor._flush(read=("item", sys._getframe()))  # a host read on this line
+                monitor.leave(action)
+            assert len(monitor.reports) == 1  # each run's own reports
+    ours = [w for w in caught if issubclass(w.category, LateCompilationWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    line = next(
+        n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# a host read on this" in text
+    )
+    assert (ours[0].filename, ours[0].lineno) == (__file__, line)

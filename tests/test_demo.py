@@ -87,3 +87,16 @@ def test_the_cpu_fallback_is_said_once_with_the_hint(demo_run):
     assert "Set PJRT_DEVICE (TPU, CUDA, CPU, ...) to choose." in output
     assert "Defaulting to PJRT_DEVICE" not in output  # torch_xla's own notice is not repeated
     assert sum(line.startswith("trainer-plugins: ") for line in result.stderr.splitlines()) == 1
+
+
+def test_the_demo_prints_no_warning_of_ours_and_one_line_at_the_end_of_its_fit(demo_run):
+    # before: three LateCompilationWarnings for its own smaller last validation and test batches (remedy:
+    # drop_last=True, which would drop evaluation data), the goodput table and the compile summary
+    result, _ = demo_run
+    output = result.stdout + result.stderr
+    assert "LateCompilationWarning" not in output
+    assert not re.search(r"(xla_plugins|trainer_plugins)/\S+\.py:\d+: \w*Warning", output), result.stderr[-3000:]
+    assert "XLA compile monitor" not in output and "Goodput " not in output
+    ours = [line for line in output.splitlines() if line.startswith("xla-plugins: ")]
+    assert len(ours) == 1, ours
+    assert ours[0].startswith(f"xla-plugins: fit ended at trainer.global_step={EPOCHS * 38}; ")  # 38 batches an epoch

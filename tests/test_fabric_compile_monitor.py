@@ -58,6 +58,8 @@ def test_item_between_forward_and_optimizer_step_gives_one_report_naming_the_lin
     assert summary["host_reads_in_steps"] == 24  # one a step, all counted; reported once
     assert "XLA compile monitor (fabric): " in outcome["stderr"]  # printed once, by finish()
     assert outcome["stderr"].count("XLA compile monitor (fabric): ") == 1  # not again at exit
+    # the one line first; its table because a cause was reported
+    assert "xla-plugins: Fabric loop of 24 training steps (optimizer.step() calls); " in outcome["stderr"]
 
 
 @pytest.mark.slow  # a fresh interpreter: primary tox cell only (tox.ini)
@@ -73,6 +75,8 @@ def test_a_clean_loop_gives_no_report():
     outcome = loop("none")
     assert outcome["error"] is None and outcome["reports"] == []
     assert outcome["summary"]["late_compilations"] == 0 and outcome["summary"]["steps"] == 24
+    ours = [line for line in outcome["stderr"].splitlines() if line.startswith(("xla-plugins: ", "XLA compile"))]
+    assert len(ours) == 1 and ours[0].startswith("xla-plugins: Fabric loop of 24 training steps"), ours
 
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)

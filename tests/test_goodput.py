@@ -16,10 +16,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
-from trainer_plugins._goodput_ledger import BUCKETS, RunLedger, table_lines
+from trainer_plugins._goodput_ledger import BUCKETS, Attempt, RunLedger, goodput_summary_line, goodput_table_lines
 from trainer_plugins._goodput_record import read_ledger
 
 pytestmark = pytest.mark.xla
@@ -127,19 +128,17 @@ def test_the_logger_receives_the_run_figures_at_each_epoch_end(sleepy_run):
 
 
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
-def test_the_table_is_printed_once_when_fit_ends_with_the_records_figures(sleepy_run):
+def test_a_clean_fit_prints_one_line_of_ours_with_the_records_goodput_and_lightnings_step(sleepy_run):
+    # before: a 10-line goodput table and a 7-line compile summary after every fit
     root, result = sleepy_run
     ledger = read_ledger(root)
-    lines = output(result).splitlines()
-    heads = [i for i, line in enumerate(lines) if line.startswith("Goodput ")]
-    assert len(heads) == 1, output(result)
-    table = lines[heads[0] : heads[0] + len(BUCKETS) + 2]
-    wall = ledger.totals()["wall"]
-    assert table[0] == f"Goodput {ledger.goodput():.1%} over {wall:.1f} s wall time: 16 productive steps, 1 attempt"
-    for line, (name, label) in zip(table[1:], BUCKETS.items(), strict=False):
-        seconds = ledger.totals()[name]
-        assert line.split() == [*label.split(), f"{seconds:.1f}", "s", f"{seconds / ledger.totals()['wall']:.1%}"]
-    assert table[-1].split()[:3] == ["lost", "(steps", "redone)"]
+    ours = [
+        line for line in output(result).splitlines() if line.startswith(("xla-plugins: ", "XLA compile", "Goodput "))
+    ]
+    assert len(ours) == 1, output(result)
+    assert ours[0].startswith(f"xla-plugins: fit ended at trainer.global_step={report(result)['global_step']}; ")
+    assert ours[0].endswith(f"; {goodput_summary_line(ledger)} (XLA_PLUGINS_SUMMARY=tables for details)")
+    assert not any(line.startswith("  ") and " s " in line for line in output(result).splitlines())  # no table
 
 
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
@@ -255,9 +254,10 @@ def test_every_xla_strategy_keeps_a_ledger_that_adds_up(tmp_path, strategy, devi
     else:
         assert seconds["productive"] >= slept["productive"] and seconds["validation"] >= slept["validation"]
     assert [entry["step"] for entry in logged(root)] == [BATCHES, STEPS]
-    # one table (a spawn worker's log lines may come twice, through a root handler too, with prefixes)
-    heads = {line[line.index("Goodput ") :] for line in output(result).splitlines() if " wall time: " in line}
-    assert heads == {table_lines(ledger)[0]}
+    # one line, rank 0's (a spawn worker's log lines may come twice, through a root handler too, with prefixes)
+    lines = {line[line.index("xla-plugins: ") :] for line in output(result).splitlines() if "xla-plugins: fit " in line}
+    assert len(lines) == 1 and f"; {goodput_summary_line(ledger)} (" in lines.pop(), output(result)[-3000:]
+    assert " wall time: " not in output(result)  # no table
 
 
 class _Trainer:
@@ -296,3 +296,31 @@ def test_the_stop_checkpoint_written_from_on_exception_counts_as_checkpoint_save
     assert attempt.seconds["checkpoint_save"] >= 0.2
     assert attempt.ended == "interrupted (SIGTERMException)"
     assert strategy._goodput is None
+
+
+def a_ledger(ended: Optional[str] = "finished") -> RunLedger:
+    seconds = dict.fromkeys(BUCKETS, 1.0)
+    return RunLedger("run", [Attempt(1, 0, 16, seconds, ended=ended)])
+
+
+def test_the_end_of_a_fit_prints_the_tables_on_request_or_when_an_attempt_was_interrupted(monkeypatch):
+    from xla_plugins.end_of_run import SUMMARY_VARIABLE, end_lines
+
+    done = "fit ended at trainer.global_step=16"
+    monkeypatch.delenv(SUMMARY_VARIABLE, raising=False)
+    ledger = a_ledger()
+    assert goodput_summary_line(ledger) == "goodput 12.5% of 8.0 s"
+    line = f"xla-plugins: {done}; goodput 12.5% of 8.0 s"
+    assert end_lines("fit", done, None, ledger) == [f"{line} ({SUMMARY_VARIABLE}=tables for details)"]
+    monkeypatch.setenv(SUMMARY_VARIABLE, " Tables ")
+    assert end_lines("fit", done, None, ledger) == [line, *goodput_table_lines(ledger)]
+    monkeypatch.setenv(SUMMARY_VARIABLE, "line")
+    interrupted = a_ledger("interrupted (SIGTERMException)")
+    assert end_lines("fit", done, None, interrupted) == [line, *goodput_table_lines(interrupted)]
+    # an attempt known from a checkpoint's snapshot only (a fit resumed in another directory) is not interrupted
+    assert end_lines("fit", done, None, a_ledger(None)) == [f"{line} ({SUMMARY_VARIABLE}=tables for details)"]
+    monkeypatch.setenv(SUMMARY_VARIABLE, "off")
+    assert end_lines("fit", done, None, interrupted) == []
+    monkeypatch.setenv(SUMMARY_VARIABLE, "loud")
+    with pytest.raises(ValueError, match=r"^XLA_PLUGINS_SUMMARY='loud' is not valid: give one of line, tables, off\.$"):
+        end_lines("fit", done, None, ledger)

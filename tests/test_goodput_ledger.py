@@ -12,7 +12,7 @@ import pytest
 
 from trainer_plugins import _cli
 from trainer_plugins._goodput_clock import BucketClock, process_start
-from trainer_plugins._goodput_ledger import BUCKETS, Attempt, LedgerFormatError, RunLedger, resumed, table_lines
+from trainer_plugins._goodput_ledger import BUCKETS, Attempt, LedgerFormatError, RunLedger, goodput_table_lines, resumed
 from trainer_plugins._goodput_record import (
     STAMP,
     NoLedgerError,
@@ -153,7 +153,7 @@ def test_the_ledger_round_trips_and_a_bad_one_is_named():
 def test_the_table_has_one_line_a_bucket_with_its_share():
     ledger = RunLedger("r", [attempt(1, 0, 8, 6.0, startup=3.0, compilation=1.0)])
     ledger.current.ended, ledger.current.lost_steps, ledger.current.lost_s = "interrupted (SIGTERMException)", 1, 1.0
-    lines = table_lines(ledger)
+    lines = goodput_table_lines(ledger)
     assert lines[0] == "Goodput 50.0% over 10.0 s wall time: 7 productive steps, 1 attempt (1 interrupted)"
     assert lines[1].split() == ["start-up", "3.0", "s", "30.0%"]
     assert lines[4].split() == ["productive", "steps", "5.0", "s", "50.0%"]

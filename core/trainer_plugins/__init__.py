@@ -36,7 +36,7 @@ _EXPORTS = {
         "remove_action_listener",
     ),
     "trainer_plugins._goodput": ("GoodputLedger", "ledger_of", "start_ledger"),
-    "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger"),
+    "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger", "goodput_summary_line", "goodput_table_lines"),
     "trainer_plugins._goodput_record": ("read_ledger",),
     "trainer_plugins._install": ("install", "installed", "uninstall"),
 }

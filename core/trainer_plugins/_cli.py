@@ -183,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _goodput(args: argparse.Namespace) -> int:
     """Print the ledger of ``args.directory`` (text or JSON); 1 with one line on stderr when there is none."""
-    from trainer_plugins._goodput_ledger import LedgerFormatError, table_lines
+    from trainer_plugins._goodput_ledger import LedgerFormatError, goodput_table_lines
     from trainer_plugins._goodput_record import NoLedgerError, read_ledger
 
     try:
@@ -202,7 +202,7 @@ def _goodput(args: argparse.Namespace) -> int:
         print(json.dumps({"directory": str(args.directory), **ledger.as_dict()}, indent=2))
         return 0
     print(f"{args.directory}: run {ledger.run}")
-    for line in table_lines(ledger):
+    for line in goodput_table_lines(ledger):
         print(line)
     print("attempts:")
     for attempt in ledger.attempts:

@@ -44,8 +44,9 @@ attempt add up to its wall time; lost work and the run's totals are in ``trainer
 **Where it goes.** At every training epoch's end, the run's figures
 (``trainer_plugins._goodput_ledger.metrics``) go to each of the Trainer's loggers
 (``logger.log_metrics(..., step=trainer.global_step)``, with ``"epoch"`` as in Lightning's own rows);
-when ``fit`` ends, the table is printed
-(Lightning's rank-zero logger); every checkpoint but a weights-only one carries the ledger. Where the Trainer
+nothing is printed: the backend prints what it chooses when ``fit`` ends, from
+``trainer_plugins._goodput_ledger.goodput_summary_line`` and ``goodput_table_lines``; every checkpoint
+but a weights-only one carries the ledger. Where the Trainer
 has a logger or a checkpoint callback and ``default_root_dir`` is a local directory, the record in
 ``<default_root_dir>/goodput/`` (``trainer_plugins._goodput_record``) is rewritten when the attempt
 starts, after each checkpoint save, at each epoch end and when ``fit`` ends, and stamped after
@@ -66,11 +67,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import fsspec
-from lightning.fabric.utilities.rank_zero import rank_zero_module
 
 from trainer_plugins._action_profiler import action_listeners, add_action_listener, remove_action_listener
 from trainer_plugins._goodput_clock import RANKS, BucketClock, process_start
-from trainer_plugins._goodput_ledger import LedgerFormatError, RunLedger, metrics, resumed, table_lines
+from trainer_plugins._goodput_ledger import LedgerFormatError, RunLedger, metrics, resumed
 from trainer_plugins._goodput_record import NoLedgerError, StampWriter, read_ledger, record_folder, write_record
 
 #: Checkpoint key under which every checkpoint of a fit with a ledger carries it (``RunLedger.as_dict()``).
@@ -288,7 +288,9 @@ class GoodputLedger:
         self.clock.reset("teardown")
 
     def finish(self) -> RunLedger:
-        """End the attempt: its last account, the record, the table; stop hearing the profiler.
+        """End the attempt: its last account and the record; stop hearing the profiler. Prints nothing.
+
+        The backend says what it wants at the run's end (``goodput_summary_line``, ``goodput_table_lines``).
 
         Returns:
             The run's ledger.
@@ -302,10 +304,6 @@ class GoodputLedger:
         else:
             attempt.ended = "finished" if self._trained else "interrupted"
         self._write()
-        for line in table_lines(self.ledger):
-            # Lightning's rank-zero logger without its rank check: only global rank 0 keeps a ledger, and
-            # replica threads of one process share the check's rank (the last thread's)
-            rank_zero_module.log.info(line)
         self._unwatch()
         if self._stamp is not None:
             self._stamp.close()

@@ -246,8 +246,25 @@ def metrics(ledger: RunLedger) -> dict[str, float]:
     return found
 
 
-def table_lines(ledger: RunLedger) -> list[str]:
-    """The short table printed when ``fit`` ends (and by ``trainer-plugins goodput``): one line a bucket.
+def goodput_summary_line(ledger: RunLedger) -> str:
+    """The ledger in a few words, for a backend's one line at the end of a ``fit``: ``goodput 71.2% of 512.3 s``.
+
+    The goodput is the run's (all its attempts; see the module docstring), the seconds its wall time.
+    """
+    return f"goodput {ledger.goodput():.1%} of {ledger.totals()['wall']:.1f} s"
+
+
+def needs_attention(ledger: RunLedger) -> bool:
+    """Whether the run's ledger holds something a user should look at: an attempt interrupted, or steps redone.
+
+    An attempt known only from a checkpoint's snapshot (``ended`` is ``None``: the snapshot was taken
+    while it ran, and no record tells how it ended) is not taken for interrupted.
+    """
+    return ledger.lost_steps > 0 or any(a.ended not in (None, "finished") for a in ledger.attempts)
+
+
+def goodput_table_lines(ledger: RunLedger) -> list[str]:
+    """The ledger's table (``trainer-plugins goodput``, and a backend's tables on request): one line a bucket.
 
     ``Goodput 71.2% over 512.3 s wall time: 1200 productive steps, 2 attempts (1 interrupted)`` then,
     for each bucket, its label, seconds and share of the wall time.

@@ -1,7 +1,8 @@
 """A small sequence model fitted on XLA with one trigger of late compilation or host read, for
 tests/test_compile_monitor.py.
 
-    python compile_monitor_fit.py --trigger none|padding|item|callback-print [--strategy S] [--recompiles B]
+    python compile_monitor_fit.py --trigger none|padding|item|item-padding|callback-print|branch|partial-validation
+        [--strategy S] [--recompiles B]
 
 On several devices (``xla_spmd``, ``xla_fsdp_v2``, and ``xla``, the spawn strategy, whose workers
 run one replica thread per device on PJRT CPU through tests/xla_cpu_harness.py) the data grow with
@@ -11,9 +12,10 @@ reports (Python's warnings, each text once) and summary are in their output (std
 
 ``padding``: a collate function pads each batch to its longest sequence, and the second epoch has
 longer sequences than the first (new shapes after the warm-up). ``item``: ``if loss.item() > 100:``
-in ``training_step``. ``callback-print``: a callback prints the loss in ``on_train_batch_end``.
+in ``training_step``. ``item-padding``: both in one training step. ``callback-print``: a callback prints
+the loss in ``on_train_batch_end``.
 ``branch``: ``training_step`` doubles the loss at step 12 only. ``partial-validation``: validation
-batches of 2 from 5 items, so each validation run ends with a batch of 1.
+batches of 2 from 5 items, so each validation run ends with a batch of 1 (expected: no report).
 Validation runs every epoch, the loss is logged with ``prog_bar=True``, checkpoints are written.
 Prints one JSON line: the monitor's reports and summary, torch_xla's counter deltas over ``fit``
 (compilations, compile seconds, transfers) and the error raised, if any.
@@ -54,7 +56,7 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self(batch).pow(2).mean()
-        if self.trigger == "item":
+        if self.trigger in ("item", "item-padding"):
             if loss.item() > 100:
                 print("large loss")
         if self.trigger == "branch" and self.global_step == 12:
@@ -106,7 +108,7 @@ def main() -> None:
     parser.add_argument(
         "--trigger",
         default="none",
-        choices=("none", "padding", "item", "callback-print", "branch", "partial-validation"),
+        choices=("none", "padding", "item", "item-padding", "callback-print", "branch", "partial-validation"),
     )
     parser.add_argument("--strategy", default="single_xla")
     parser.add_argument("--recompiles", default=None)
@@ -116,7 +118,7 @@ def main() -> None:
     L.seed_everything(0)
     # every strategy trains the same steps: one batch of 1 per device, TRAIN_ITEMS steps an epoch
     devices = 1 if args.strategy == "single_xla" else XLAAccelerator.auto_device_count()
-    train = Sequences(TRAIN_ITEMS * devices, growing=args.trigger == "padding")
+    train = Sequences(TRAIN_ITEMS * devices, growing=args.trigger in ("padding", "item-padding"))
     callbacks: list[L.Callback] = [EpochSetter(train)]
     if args.trigger == "callback-print":
         callbacks.append(Printer())
@@ -169,6 +171,9 @@ def main() -> None:
         json.dumps(
             {
                 "warnings": [str(w.message) for w in caught if issubclass(w.category, LateCompilationWarning)],
+                "warning_locations": [
+                    f"{w.filename}:{w.lineno}" for w in caught if issubclass(w.category, LateCompilationWarning)
+                ],
                 "reports": monitors[0].reports if monitors else None,
                 "summary": monitors[0].summary if monitors else None,
                 "delta": [a - b for a, b in zip(after, before, strict=True)],

@@ -32,3 +32,21 @@ def seconds_from_environment(variable: str, default: float, meaning: str) -> flo
     if not (math.isfinite(seconds) and seconds >= 0):
         raise ValueError(f"{variable}={text!r} is not valid: give {meaning}, a number >= 0 (default {default:g}).")
     return seconds
+
+
+def choice_from_environment(variable: str, choices: tuple[str, ...], default: str) -> str:
+    """One of ``choices`` from environment variable ``variable`` (any case, blanks ignored); ``default`` if unset/blank.
+
+    Args:
+        variable: name of the environment variable, e.g. ``XLA_PLUGINS_SUMMARY``.
+        choices: the valid values, lower case.
+        default: the value when the variable is unset or blank (one of ``choices``).
+
+    Raises:
+        ValueError: any other value; the message names the variable, its value and the choices.
+    """
+    text = os.environ.get(variable, "")
+    value = text.strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{variable}={text!r} is not valid: give one of {', '.join(choices)}.")
+    return value

@@ -46,27 +46,29 @@ earlier or later. So there a late compilation is reported only where its cause i
 own (new input shapes of its own batches); host reads are counted by the thread that reads, and
 reported as everywhere (see :func:`replica_threads`).
 
-**Summary.** When the run ends (the ``teardown`` hook), global rank 0 logs compilations and
-compile seconds per phase, the late compilations and the host reads per step (to Lightning's
-``rank_zero_info`` logger); :attr:`CompileMonitor.summary` holds the same numbers on every rank.
+**Summary.** When the run ends (the ``teardown`` hook), global rank 0 logs one line: what the run
+did in Lightning's counts, its compilations and how many were late (with the goodput of a ``fit``;
+:mod:`xla_plugins.end_of_run`); the table of compilations, compile seconds and host reads per phase
+when a cause was reported or on request (``XLA_PLUGINS_SUMMARY=tables``). :attr:`CompileMonitor.summary`
+holds the same numbers on every rank.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Optional
 
-import lightning_utilities.core.rank_zero as rank_zero_module
 from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
 from trainer_plugins import add_action_listener, remove_action_listener
-from xla_plugins import _runtime, _torch_xla_contract, compile_cache
-from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
-from xla_plugins.host_reads import READ_METHODS, read_cause, unwrap_reads, user_line, wrap_reads
+from xla_plugins import _runtime, _torch_xla_contract, compile_cache, end_of_run
+from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text
+from xla_plugins.host_reads import READ_METHODS, SourceLine, read_cause, unwrap_reads, user_line, warn_at, wrap_reads
 from xla_plugins.loop_phases import Counts, Phase, read_counters
 from xla_plugins.recompile_budget import (
     BUDGET_VARIABLE,
@@ -90,6 +92,35 @@ _STEP_OF_LOOP = {
     "test": "test_step",
     "predict": "predict_step",
 }
+
+
+#: The evaluation loops, by the loop names of :meth:`CompileMonitor._on_batch`, with the trainer's count of
+#: their batches per dataloader (Lightning's ``Trainer.num_val_batches`` etc.).
+_BATCH_COUNTS = {
+    "validation": "num_val_batches",
+    "test": "num_test_batches",
+    "predict": "num_predict_batches",
+}
+
+
+@dataclass
+class NewShapes:
+    """A batch's input shapes that its loop had not seen before in this run.
+
+    Attributes:
+        loop: the loop (``"train"``, ``"validation"``, ..., Fabric's ``"training"``, ``"evaluation"``).
+        shapes: the batch's tensor shapes, a tuple of tuples.
+        after_other: the loop saw other shapes before (so even a compilation in the warm-up is late).
+        expected: the last batch of an evaluation loader (smaller when the loader's length is not a
+            multiple of its batch size): one compilation that is expected, never reported.
+        explained: a compilation has already been explained by these shapes.
+    """
+
+    loop: str
+    shapes: tuple
+    after_other: bool
+    expected: bool = False
+    explained: bool = False
 
 
 def replica_threads(world_size: int) -> int:
@@ -136,8 +167,10 @@ class CompileMonitor(Callback):
         self._global_zero = True if trainer is None else bool(trainer.is_global_zero)
         self.phases: dict[str, Phase] = {}
         self.reports: list[str] = []
+        #: the causes warned about in any run of this monitor's trainer: each is warned once per trainer
+        self._warned: set[tuple] = getattr(self, "_warned", set())
         self._stack: list[Phase] = []
-        self._outside = Phase("outside any hook")
+        self._outside = Phase(self._outside_label)
         if trainer is not None:
             self._counter_value, self._metric_data = _torch_xla_contract.metric_readers()
         #: torch_xla's totals when the run started: (compilations, compile seconds, transfers)
@@ -146,9 +179,9 @@ class CompileMonitor(Callback):
         self._compilations, self._compile_s = self._first[0], self._first[1]
         self._causes: dict[tuple[str, ...], Counts] = {}
         self._shapes_seen: dict[str, set[tuple]] = {}
-        #: (loop, input shapes, whether its loop saw other shapes before: never warm-up) first seen since the
-        #: last compilation; the shapes are a tuple of tensor shapes
-        self._new_shapes: list[tuple[str, tuple, bool]] = []
+        #: the new input shapes of the current batch, and of earlier batches whose graphs have not compiled yet:
+        #: they explain the compilations until the next batch starts (:meth:`_batch_starts`)
+        self._new_shapes: list[NewShapes] = []
         self._reading = False
 
     # -- boundaries -------------------------------------------------------------------------------
@@ -200,31 +233,57 @@ class CompileMonitor(Callback):
         phase = self._current()
         phase.counts.add(delta)
         new_shapes = self._new_shapes
-        other_shapes = any(other for *_, other in new_shapes)
-        if delta.compilations:
-            self._new_shapes = []
-        if phase.calls <= self.warmup_calls and not (delta.compilations and other_shapes):
-            return
-        if read is not None and phase.in_step:
+        warm_up = phase.calls <= self.warmup_calls
+        if read is not None and phase.in_step and not warm_up:
             line = user_line(read[1])
             if line is not None:
-                self._report(phase, ("read", read[0], line), delta, read_cause(read[0]), line)
+                if not delta.compilations or not new_shapes:
+                    # the compilation, if any, is of the graph the read cut: the read's own cost
+                    self._report(phase, ("read", read[0], line), delta, read_cause(read[0]), line)
+                    return
+                # the batch's new shapes explain the compilation: each cause reported as itself
+                self._report(phase, ("read", read[0], line), Counts(0, 0.0, 1), read_cause(read[0]), line)
+                delta = Counts(delta.compilations, delta.compile_s, 0)
+        if not delta.compilations:
+            return
+        for entry in new_shapes:
+            entry.explained = True
+        if new_shapes:
+            unexpected = [entry for entry in new_shapes if not entry.expected]
+            if not unexpected or (warm_up and not any(entry.after_other for entry in unexpected)):
                 return
-        if delta.compilations:
-            if self.replica_threads > 1 and not new_shapes:
-                return  # perhaps another replica thread's compilation of its own graph: whose is not known
-            phase.late_compilations += delta.compilations
-            step_hook = self._step_of_phase(phase)
-            if new_shapes:
-                step_hook = self._step_of_loop[new_shapes[0][0]]
-                shown = "; ".join(shapes_text(shapes) for _, shapes, _ in new_shapes)
-                kind, why = "shapes", f"new input shapes ({shown}) not seen before in this loop"
-            else:
-                kind, why = "graph", "a graph that differs from the previous one, with input shapes seen before"
-            where = phase.label
-            if step_hook is not None and step_hook != phase.hook:
-                where = f"{self._step_label(step_hook)} (its graph ran at {phase.label})"
-            self._report(phase, (kind,), delta, why, self._compilation_line(phase, step_hook), where)
+            self._report_compilation(phase, delta, unexpected)
+        elif not warm_up and self.replica_threads == 1:
+            # with several replica threads it is perhaps another replica's compilation of its own graph
+            self._report_compilation(phase, delta, [])
+
+    def _report_compilation(self, phase: Phase, delta: Counts, new_shapes: list[NewShapes]) -> None:
+        """Report ``delta``'s compilations in ``phase``, explained by ``new_shapes`` (none: a different graph).
+
+        A different graph that no code of the user's built (Lightning's own work between or around the
+        hooks: a checkpoint's save, the loop's logging) is counted as late in the summary's table and
+        not reported: there is nothing in the user's code to change.
+        """
+        phase.late_compilations += delta.compilations
+        step_hook = self._step_of_phase(phase)
+        if new_shapes:
+            step_hook = self._step_of_loop[new_shapes[0].loop]
+        line = self._compilation_line(phase, step_hook)
+        if line is None and not new_shapes:
+            return
+        if new_shapes:
+            loop = new_shapes[0].loop
+            shown = "; ".join(shapes_text(entry.shapes) for entry in new_shapes)
+            why = f"new input shapes ({shown}) not seen before in this loop"
+            cause: tuple = ("shapes", loop)
+        else:
+            why = "a graph that differs from the previous one, with input shapes seen before"
+            cause = ("graph", phase.action)
+        where = phase.label
+        if step_hook is not None and step_hook != phase.hook:
+            where = f"{self._step_label(step_hook)} (its graph ran at {phase.label})"
+        training = not new_shapes or new_shapes[0].loop in ("train", "training")
+        self._report(phase, cause, delta, why, line, where, training)
 
     # -- what a late compilation names (the Trainer's hooks; xla_plugins.fabric_steps names Fabric's) --------
 
@@ -232,6 +291,8 @@ class CompileMonitor(Callback):
     _step_of_loop = _STEP_OF_LOOP
     #: the hooks whose calls the summary counts as steps
     _step_hooks = frozenset(_STEP_OF_LOOP.values())
+    #: the phase of what runs outside every profiled action
+    _outside_label = "between hooks (Lightning's own loop work)"
 
     def _step_of_phase(self, phase: Phase) -> Optional[str]:
         """The step hook whose graph runs in ``phase``: ``training_step`` for ``backward`` and ``optimizer_step``."""
@@ -240,25 +301,39 @@ class CompileMonitor(Callback):
     def _step_label(self, step_hook: str) -> str:
         return step_hook
 
-    def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[str]:
+    def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[SourceLine]:
         """Where the code that built the compiled graph starts: the hook's definition (:func:`hook_line`)."""
         return hook_line(self._trainer, phase, step_hook)
 
     def _report(
-        self, phase: Phase, cause: tuple, delta: Counts, why: str, line: Optional[str], where: Optional[str] = None
+        self,
+        phase: Phase,
+        cause: tuple,
+        delta: Counts,
+        why: str,
+        line: Optional[SourceLine],
+        where: Optional[str] = None,
+        training: bool = True,
     ) -> None:
-        key = (phase.action, *cause)
-        total = self._causes.get(key)
+        """Add ``delta`` to the cost of ``cause``; the first time in this run, report it (see the module docstring).
+
+        ``cause`` is ``(kind, ...)``, its kind a key of the remedies (``"read"``, ``"shapes"``, ``"graph"``)
+        and the rest what tells causes of that kind apart. The warning is located at ``line`` (the user's)
+        and issued once per cause and trainer; with the budget ``error``, the report is raised in every run.
+        """
+        total = self._causes.get(cause)
         if total is not None:
             total.add(delta)
             return
-        self._causes[key] = total = Counts()
+        self._causes[cause] = total = Counts()
         total.add(delta)
-        text = report_text(phase, cause[0], total, why, line, where, self.warmup_calls)
+        text = report_text(phase, cause[0], total, why, line, where, self.warmup_calls, training)
         self.reports.append(text)
         if self.budget == "error":
             raise LateCompilationError(text)
-        warnings.warn(text, LateCompilationWarning, stacklevel=2)
+        if cause not in self._warned:
+            self._warned.add(cause)
+            warn_at(text, LateCompilationWarning, line)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -274,36 +349,65 @@ class CompileMonitor(Callback):
 
     # -- batches (Lightning's callback hooks) -----------------------------------------------------
 
-    def _on_batch(self, loop: str, batch: Any) -> None:
+    def _on_batch(self, loop: str, batch: Any, last: bool = False) -> None:
+        """Note ``batch``'s input shapes if ``loop`` has not seen them; ``last``: its evaluation loader's last batch."""
         shapes: list[tuple] = []
         apply_to_collection(batch, Tensor, lambda t: shapes.append(tuple(t.shape)))
         signature = tuple(shapes)
         seen = self._shapes_seen.setdefault(loop, set())
         if signature not in seen:
-            self._new_shapes.append((loop, signature, bool(seen)))
+            self._new_shapes.append(NewShapes(loop, signature, bool(seen), expected=last and bool(seen)))
             seen.add(signature)
 
+    def _batch_starts(self) -> None:
+        """A batch starts: the new shapes of earlier batches no longer explain compilations once they explained one.
+
+        Those whose graphs have not compiled yet (an evaluation loop runs the graphs of all its
+        batches at its end) still do.
+        """
+        if self._new_shapes:
+            self._new_shapes = [entry for entry in self._new_shapes if not entry.explained]
+
+    def _on_evaluation_batch(self, loop: str, trainer: Any, batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+        """``batch`` of an evaluation loop: whether it is the last of its dataloader, from Lightning's own batch count.
+
+        The count is Lightning's (``Trainer.num_val_batches``, ``num_sanity_val_batches`` in the sanity
+        check, ``num_test_batches``, ``num_predict_batches``), so ``limit_*_batches`` is respected; a
+        loader without a length has no last batch.
+        """
+        self._batch_starts()
+        counts = getattr(trainer, "num_sanity_val_batches" if trainer.sanity_checking else _BATCH_COUNTS[loop], [])
+        count = counts[dataloader_idx] if 0 <= dataloader_idx < len(counts) else math.inf
+        self._on_batch(loop, batch, last=math.isfinite(count) and batch_idx == int(count) - 1)
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._batch_starts()
         self._on_batch("train", batch)
 
-    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
-        self._on_batch("validation", batch)
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._on_evaluation_batch("validation", trainer, batch, batch_idx, dataloader_idx)
 
-    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
-        self._on_batch("test", batch)
+    def on_test_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._on_evaluation_batch("test", trainer, batch, batch_idx, dataloader_idx)
 
-    def on_predict_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
-        self._on_batch("predict", batch)
+    def on_predict_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._on_evaluation_batch("predict", trainer, batch, batch_idx, dataloader_idx)
 
     # -- the end of the run -----------------------------------------------------------------------
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Count the rest, print the summary, stop listening to the trainer's profiler, unwrap the reads."""
+        """Count the rest, log the run's end (:mod:`xla_plugins.end_of_run`), stop listening, unwrap the reads."""
         self._flush()
         unwrap_reads()
         remove_action_listener(trainer, self)
         self.summary = self._summarize(str(getattr(stage, "value", stage)))
-        self._log_summary()
+        self._log_summary(trainer)
         compile_cache.warn_if_unreadable()
         self._trainer = None
 
@@ -311,22 +415,34 @@ class CompileMonitor(Callback):
         """Unwrap the reads and stop listening to the trainer's profiler (a run that raised has no teardown)."""
         unwrap_reads()
         remove_action_listener(trainer, self)
+        end_of_run.run_starts(trainer, monitored=False)  # no teardown follows: the goodput ledger logs itself
 
-    def _log_summary(self) -> None:
-        """Log :attr:`summary`'s lines if this replica is global rank 0 (its strategy's own rank, read at the start).
+    def _log_summary(self, trainer: Any) -> None:
+        """Log the end of the run if this replica is global rank 0 (its strategy's own rank, read at the start).
 
         Not through ``rank_zero_info``: replicas that are threads of one process share Lightning's
-        ``rank_zero_only.rank``, which holds whichever replica set it last. The lines go to the
-        logger ``rank_zero_info`` writes to (Lightning configures it).
+        ``rank_zero_only.rank``, which holds whichever replica set it last (:func:`~xla_plugins.end_of_run.log_lines`).
         """
-        if self._global_zero:
-            for line in summary_lines(self.summary):
-                rank_zero_module.log.info(line)
+        end_of_run.run_ended(trainer, self.summary["stage"], self._done(trainer), self.summary, self._global_zero)
+
+    def _done(self, trainer: Any) -> str:
+        """What the run did in Lightning's counts: ``trainer.global_step`` for ``fit``, else the step calls."""
+        stage = self.summary["stage"]
+        if stage == "fit":
+            return f"fit ended at trainer.global_step={trainer.global_step}"
+        hook = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}.get(stage, "")
+        batches = self.summary["step_calls"].get(hook, 0)
+        return f"{stage} ran {batches} batch{'es' if batches != 1 else ''} ({hook})"
 
     def _summarize(self, stage: str) -> dict[str, Any]:
-        steps = sum(p.calls for p in self.phases.values() if p.hook in self._step_hooks)
+        step_calls: dict[str, int] = {}
+        for phase in self.phases.values():
+            if phase.hook in self._step_hooks:
+                step_calls[phase.hook] = step_calls.get(phase.hook, 0) + phase.calls
         phases = [*self.phases.values(), self._outside]
-        return run_summary(stage, phases, steps, len(self.reports), self._first, read_counters(), self.replica_threads)
+        return run_summary(
+            stage, phases, step_calls, len(self.reports), self._first, read_counters(), self.replica_threads
+        )
 
 
 def install(trainer: Any) -> Optional[CompileMonitor]:
@@ -344,6 +460,7 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         ValueError: ``XLA_PLUGINS_RECOMPILES`` or the strategy's ``recompiles`` is not one of :data:`BUDGETS`.
     """
     chosen = budget(getattr(trainer.strategy, "recompiles", None))
+    end_of_run.run_starts(trainer, monitored=chosen != "off")
     monitor = next((c for c in trainer.callbacks if isinstance(c, CompileMonitor)), None)
     if chosen == "off":
         unwrap_reads()

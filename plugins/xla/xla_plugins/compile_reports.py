@@ -13,22 +13,28 @@ import inspect
 from typing import Any, Optional
 
 from xla_plugins import compile_cache
+from xla_plugins.host_reads import SourceLine, is_own
 from xla_plugins.loop_phases import Counts, Phase
 from xla_plugins.recompile_budget import BUDGET_VARIABLE
 
 #: What to change, by kind of cause: ``"shapes"``, ``"read"``, ``"graph"``.
 _REMEDIES = {
     "shapes": "pad every batch to a fixed length or to a few bucketed lengths (a collate_fn with a fixed"
-    " max_length, or lengths rounded up to a multiple of 64), and use drop_last=True for a last partial batch",
+    " max_length, or lengths rounded up to a multiple of 64)",
     "read": "keep the value on the device (torch.where instead of `if`, accumulate in a tensor), log it with"
     " self.log(name, tensor) instead of .item() or print, and read it outside the step if at all",
     "graph": "keep Python values that change (the step number, a schedule) out of the traced operations:"
     " pass them as tensors, or make the branch a tensor operation (torch.where)",
 }
+#: Added to the remedy for new shapes in the training loop, where dropping a last partial batch loses no data
+#: that counts (an evaluation loader's smaller last batch is expected: one compilation, not reported).
+_TRAINING_SHAPES_REMEDY = ", and use drop_last=True in the training loader for a last partial batch"
 
 
-def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[str]:
-    """``file:line`` where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
+def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Optional[SourceLine]:
+    """The line where the hook that built the phase's graph starts: ``step_hook`` of the module if given.
+
+    ``None`` where that hook is Lightning's own (not overridden) or not found.
 
     ``trainer`` is the run's ``lightning.pytorch.Trainer`` (``None`` outside a run: no line).
     """
@@ -49,7 +55,10 @@ def hook_line(trainer: Any, phase: Phase, step_hook: Optional[str] = None) -> Op
         code = inspect.unwrap(function).__code__  # type: ignore[arg-type]
     except (AttributeError, TypeError, ValueError):
         return None
-    return f"{code.co_filename}:{code.co_firstlineno} ({type(owner).__name__}.{hook})"
+    module = getattr(function, "__module__", None) or ""
+    if is_own(module):  # Lightning's default hook: no code of the user's
+        return None
+    return SourceLine(code.co_filename, code.co_firstlineno, module, f"{type(owner).__name__}.{hook}")
 
 
 def shapes_text(shapes: tuple) -> str:
@@ -58,9 +67,20 @@ def shapes_text(shapes: tuple) -> str:
 
 
 def report_text(
-    phase: Phase, cause: str, total: Counts, why: str, line: Optional[str], where: Optional[str], warmup_calls: int
+    phase: Phase,
+    cause: str,
+    total: Counts,
+    why: str,
+    line: Optional[SourceLine],
+    where: Optional[str],
+    warmup_calls: int,
+    training: bool = True,
 ) -> str:
-    """The report of a late event of kind ``cause`` (a key of ``_REMEDIES``) in ``phase``, with its cost ``total``."""
+    """The report of a late event of kind ``cause`` (a key of ``_REMEDIES``) in ``phase``, with its cost ``total``.
+
+    ``training``: the event is in the training loop (for new shapes, the remedy then names ``drop_last``).
+    """
+    remedy = _REMEDIES[cause] + (_TRAINING_SHAPES_REMEDY if cause == "shapes" and training else "")
     kind = "host read" if cause == "read" else "late compilation"
     when = (
         f"call {phase.calls}, after the warm-up of {warmup_calls}"
@@ -69,12 +89,12 @@ def report_text(
     )
     return (
         f"XLA compile monitor: {kind} in {where or phase.label} ({when}).\n"
-        f"  line:   {line or 'not found in your code (Lightning or a library asked)'}\n"
+        f"  line:   {line.text() if line is not None else 'not found in your code (Lightning or a library asked)'}\n"
         f"  why:    {why}\n"
         f"  cost:   {total.compilations} compilation(s), {total.compile_s:.2f} s compiling so far for this cause;"
         f" {total.host_reads} device-to-host transfer(s)\n"
-        f"  remedy: {_REMEDIES[cause]}\n"
-        f"  Reported once per cause; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
+        f"  remedy: {remedy}\n"
+        f"  Reported once per cause and trainer; {BUDGET_VARIABLE}=error makes it an error, =off silences it."
     )
 
 
@@ -82,14 +102,20 @@ Totals = tuple[int, float, int]  # torch_xla's (compilations, compile seconds, t
 
 
 def run_summary(
-    stage: str, phases: list[Phase], steps: int, reports: int, first: Totals, last: Totals, replica_threads: int
+    stage: str,
+    phases: list[Phase],
+    step_calls: dict[str, int],
+    reports: int,
+    first: Totals,
+    last: Totals,
+    replica_threads: int,
 ) -> dict[str, Any]:
     """The run's summary (``CompileMonitor.summary``): totals from torch_xla's counters, then the phases' counts.
 
     Args:
         stage: the run's stage (``"fit"``, ..., ``"fabric"``).
         phases: every phase of the run (those with nothing counted are left out).
-        steps: the calls of the step hooks.
+        step_calls: the calls of each step hook (``{"training_step": 64, "validation_step": 18}``).
         reports: the causes reported.
         first: :func:`~xla_plugins.loop_phases.read_counters` when the run started.
         last: the same, now.
@@ -107,7 +133,8 @@ def run_summary(
         "host_reads_not_through_tensor_methods": last[2] - first[2] - tensor_reads,
         "late_compilations": sum(p.late_compilations for p in phases),
         "reports": reports,
-        "steps": steps,
+        "steps": sum(step_calls.values()),
+        "step_calls": dict(step_calls),
         "host_reads_in_steps": sum(p.counts.host_reads for p in phases if p.in_step),
         "replica_threads": replica_threads,
         "phases": {
@@ -124,14 +151,18 @@ def run_summary(
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The lines of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one per phase."""
-    steps = summary["steps"]
-    per_step = summary["host_reads_in_steps"] / steps if steps else 0.0
+    """The table of the run's summary ``summary`` (``CompileMonitor.summary``): the totals, then one line per phase.
+
+    The calls of the step hooks are Lightning's: the sanity check's validation batches are among the
+    ``validation_step`` calls, and ``training_step`` calls are ``trainer.global_step`` times
+    ``accumulate_grad_batches`` for a fit that started at step 0.
+    """
+    calls = ", ".join(f"{hook} {count}" for hook, count in summary["step_calls"].items()) or "none"
     lines = [
         f"XLA compile monitor ({summary['stage']}): {summary['compilations']} compilation(s),"
         f" {summary['compile_s']:.2f} s compiling, {summary['late_compilations']} late;"
-        f" {summary['host_reads']} host read(s), {per_step:.2f} per step inside steps ({steps} steps);"
-        f" {summary['reports']} cause(s) reported."
+        f" {summary['host_reads']} host read(s), {summary['host_reads_in_steps']} of them inside steps;"
+        f" {summary['reports']} cause(s) reported. Step calls: {calls}."
     ]
     for label, counts in summary["phases"].items():
         lines.append(
@@ -139,8 +170,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f" {counts['late_compilations']} late, {counts['host_reads']} host read(s) in {counts['calls']} call(s)"
         )
     lines.append(
-        f"  batched reads of Lightning and the plugin (logged metrics, progress bar, checkpoints; not per phase):"
-        f" {summary['host_reads_not_through_tensor_methods']} host read(s)"
+        "  reads of logged metrics, the progress bar and checkpoints by Lightning and xla-plugins (one transfer"
+        f" for many values; not per phase): {summary['host_reads_not_through_tensor_methods']} host read(s)"
     )
     threads = summary["replica_threads"]
     if threads > 1:

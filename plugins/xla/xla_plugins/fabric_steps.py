@@ -37,7 +37,7 @@ import torch
 
 from xla_plugins import compile_cache
 from xla_plugins.compile_monitor import CompileMonitor
-from xla_plugins.host_reads import OWN, line_text, unwrap_reads, user_frame, wrap_reads
+from xla_plugins.host_reads import OWN, SourceLine, unwrap_reads, user_frame, wrap_reads
 from xla_plugins.loop_phases import FABRIC, Phase
 from xla_plugins.recompile_budget import budget
 
@@ -61,27 +61,29 @@ class FabricCompileMonitor(CompileMonitor):
 
     _step_of_loop = {"training": "step", "evaluation": "forward"}
     _step_hooks = frozenset({"step"})
+    _outside_label = "outside the training steps"
 
     def __init__(self, budget: str, strategy: Any) -> None:
         super().__init__(budget)
         self._start_run(weakref.proxy(strategy))
         self._step_open = False
         #: (file, line) of the user's call of the module's forward that opened the current step
-        self._step_line: Optional[tuple[str, int]] = None
+        self._step_line: Optional[SourceLine] = None
         self._finished = False
 
     def forward_called(self, data: Any) -> None:
         """The wrapped module's forward is called with ``data`` (its ``(args, kwargs)``): open a step if training."""
         if not torch.is_grad_enabled():
+            self._batch_starts()
             self._on_batch("evaluation", data)
             return
         if not self._step_open:
             # an evaluation forward whose graph never ran (nothing read) compiled nothing: its shapes explain nothing
-            self._new_shapes = [entry for entry in self._new_shapes if entry[0] == "training"]
+            self._new_shapes = [entry for entry in self._new_shapes if entry.loop == "training" and not entry.explained]
             self.enter(STEP)
             self._step_open = True
             frame = user_frame(sys._getframe(1), through=OWN)
-            self._step_line = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+            self._step_line = None if frame is None else SourceLine.of_frame(frame)
         self._on_batch("training", data)
 
     def optimizer_stepped(self) -> None:
@@ -96,8 +98,12 @@ class FabricCompileMonitor(CompileMonitor):
     def _step_label(self, step_hook: str) -> str:
         return Phase(f"{FABRIC}{step_hook}").label
 
-    def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[str]:
-        return None if self._step_line is None else line_text(*self._step_line)
+    def _compilation_line(self, phase: Phase, step_hook: Optional[str]) -> Optional[SourceLine]:
+        return self._step_line
+
+    def _done(self, trainer: Any) -> str:
+        steps = self.summary["steps"]
+        return f"Fabric loop of {steps} training step{'s' if steps != 1 else ''} (optimizer.step() calls)"
 
     def finish(self) -> dict[str, Any]:
         """Count the rest and return the summary (:attr:`summary`); the first call prints it on global rank 0
@@ -113,7 +119,7 @@ class FabricCompileMonitor(CompileMonitor):
             self._finished = True
             unwrap_reads()
             if self.summary["steps"] or self.summary["compilations"]:
-                self._log_summary()
+                self._log_summary(None)
             compile_cache.warn_if_unreadable()
         return self.summary
 

@@ -9,6 +9,9 @@ an XLA tensor to the reader of the thread that reads (the compile monitor,
 ``xmp.spawn`` with several devices a process, as on PJRT CPU) each see their own reads. For a late
 read, :func:`user_line` walks the Python stack to the first frame outside torch, torch_xla, this
 mechanism and the standard library; a read from Lightning's or this plugin's own code has none.
+:func:`warn_at` issues a report's warning located at such a line (a :class:`SourceLine`), the
+user's, as Python shows the location of any warning: ``file:line: Category: message`` followed by
+that line of code.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import linecache
 import sys
 import threading
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 import torch
@@ -126,6 +131,11 @@ def _matches(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def is_own(module: str) -> bool:
+    """Whether the module named ``module`` is Lightning's or this plugin's (:data:`OWN`), not the user's."""
+    return _matches(module, OWN)
+
+
 def user_frame(frame: Any, through: tuple[str, ...] = ()) -> Optional[Any]:
     """The first frame from ``frame`` outward that is the user's; ``None`` if Lightning's or this plugin's own.
 
@@ -142,16 +152,61 @@ def user_frame(frame: Any, through: tuple[str, ...] = ()) -> Optional[Any]:
     return None
 
 
+@dataclass(frozen=True)
+class SourceLine:
+    """A line of the user's code that a report names, and where its warning is located.
+
+    Attributes:
+        filename: the source file (a code object's ``co_filename``).
+        lineno: the line number, from 1.
+        module: the ``__name__`` of the module that runs the line (``""``: derived from ``filename``).
+        definition: for the start of a function, its name (``"Model.training_step"``); ``""`` for a line
+            inside a function.
+    """
+
+    filename: str
+    lineno: int
+    module: str = ""
+    definition: str = ""
+
+    @classmethod
+    def of_frame(cls, frame: Any) -> SourceLine:
+        """The line a Python frame is running."""
+        return cls(frame.f_code.co_filename, frame.f_lineno, _module_of(frame))
+
+    def text(self) -> str:
+        """``file:line  `code``` for a line inside a function, ``file:line (Model.training_step)`` for a definition."""
+        if self.definition:
+            return f"{self.filename}:{self.lineno} ({self.definition})"
+        return line_text(self.filename, self.lineno)
+
+
+def warn_at(message: str, category: type[Warning], line: Optional[SourceLine]) -> None:
+    """Warn ``message`` located at ``line`` (``warnings.warn_explicit``), as if that line had warned.
+
+    Python's filters and its once-per-location registry apply as for a warning issued at that line
+    (the registry of the line's module). Without a line (the cause is not in the user's code), the
+    warning is located at the caller of the caller of this function.
+    """
+    if line is None:
+        warnings.warn(message, category, stacklevel=3)
+        return
+    module = sys.modules.get(line.module) if line.module else None
+    module_globals = vars(module) if module is not None else None
+    registry = module_globals.setdefault("__warningregistry__", {}) if module_globals is not None else None
+    warnings.warn_explicit(message, category, line.filename, line.lineno, line.module or None, registry, module_globals)
+
+
 def line_text(filename: str, lineno: int) -> str:
     """``file:line  `code``` for the report (the source line from ``linecache``, blank if unreadable)."""
     code = linecache.getline(filename, lineno).strip()
     return f"{filename}:{lineno}  `{code}`"
 
 
-def user_line(frame: Any) -> Optional[str]:
-    """``file:line  code`` of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
+def user_line(frame: Any) -> Optional[SourceLine]:
+    """The line of the first frame from ``frame`` outward that is the user's; ``None`` if Lightning's own."""
     found = user_frame(frame)
-    return None if found is None else line_text(found.f_code.co_filename, found.f_lineno)
+    return None if found is None else SourceLine.of_frame(found)
 
 
 def read_cause(method: str) -> str:
@@ -166,4 +221,16 @@ def read_cause(method: str) -> str:
     return f"a host read ({what.get(method, f'{method.strip(chr(95))}(tensor)')})"
 
 
-__all__ = ["READ_METHODS", "Reader", "line_text", "read_cause", "unwrap_reads", "user_frame", "user_line", "wrap_reads"]
+__all__ = [
+    "READ_METHODS",
+    "Reader",
+    "SourceLine",
+    "is_own",
+    "line_text",
+    "read_cause",
+    "unwrap_reads",
+    "user_frame",
+    "user_line",
+    "warn_at",
+    "wrap_reads",
+]

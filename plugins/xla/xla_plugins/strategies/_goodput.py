@@ -9,12 +9,12 @@ reader. ``XLA_PLUGINS_GOODPUT=off`` keeps none.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 from lightning.pytorch.trainer.states import TrainerFn
 
 from trainer_plugins import GoodputLedger, start_ledger
+from xla_plugins import _variables, end_of_run
 from xla_plugins.loop_phases import CompileSeconds
 
 #: Variable that switches the goodput ledger ``on`` (default) or ``off``.
@@ -28,11 +28,7 @@ def goodput_switch() -> str:
     Raises:
         ValueError: any other value; the message names the variable, the value and the choices.
     """
-    text = os.environ.get(GOODPUT_VARIABLE, "")
-    value = text.strip().lower() or "on"
-    if value not in GOODPUT_CHOICES:
-        raise ValueError(f"{GOODPUT_VARIABLE}={text!r} is not valid: give one of {', '.join(GOODPUT_CHOICES)}.")
-    return value
+    return _variables.choice_from_environment(GOODPUT_VARIABLE, GOODPUT_CHOICES, "on")
 
 
 class KeepsGoodputLedger:
@@ -45,7 +41,8 @@ class KeepsGoodputLedger:
       all of them pass on);
     * ``on_exception``: the ledger learns why the fit ends, and the strategies' own ``on_exception``
       (the stop checkpoint, :mod:`xla_plugins.strategies._preemption`) counts as checkpoint save;
-    * ``teardown``: after the strategy's own, the ledger's last account, record and table.
+    * ``teardown``: after the strategy's own, the ledger's last account and record; its figures go into the
+      run's one line at the end (:mod:`xla_plugins.end_of_run`).
 
     The spawn strategy's replicas run no ``on_exception`` or ``teardown`` when a stop signal ends them:
     their record ends with the stop checkpoint's save.
@@ -82,4 +79,4 @@ class KeepsGoodputLedger:
         super().teardown()  # type: ignore[misc]
         ledger, self._goodput = self._goodput, None
         if ledger is not None:
-            ledger.finish()
+            end_of_run.ledger_finished(ledger.trainer, ledger.finish())
