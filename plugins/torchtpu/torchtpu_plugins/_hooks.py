@@ -21,6 +21,8 @@ TRAINER_PLUGINS_API = ">=1.1,<2"
 _PKG = "torchtpu_plugins"
 #: Names of the TorchTPU accelerator; ``"tpu"`` is Lightning's name, taken so existing scripts run unchanged.
 ACCELERATOR_NAMES = ("torchtpu", "tpu")
+#: The strategy ``strategy="auto"`` means for one ``"tpu"`` device (Trainer).
+SINGLE_STRATEGY = "single_torchtpu"
 #: The strategy ``strategy="auto"`` means for several ``"tpu"`` devices.
 DDP_STRATEGY = "ddp_torchtpu"
 
@@ -43,6 +45,11 @@ def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
 @hookimpl
 def trainer_plugins_strategies() -> list[StrategyEntry]:
     return [
+        StrategyEntry(
+            SINGLE_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUSingleDeviceStrategy",
+            description="one 'tpu' device, one process; checkpoints hold CPU tensors",
+        ),
         StrategyEntry(
             DDP_STRATEGY,
             trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
@@ -80,16 +87,18 @@ def _ddp_strategies(api: str, package: str) -> tuple[type, type]:
 
 
 @hookimpl
-def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any]) -> Optional[str]:
-    """Several devices: :data:`DDP_STRATEGY`; one: no answer, so the connector builds Lightning's
-    ``SingleDeviceStrategy`` on the accelerator's device (``tpu:0``).
+def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any], api: str) -> Optional[str]:
+    """One device: :data:`SINGLE_STRATEGY` (Trainer) on ``tpu:0``; several: :data:`DDP_STRATEGY`.
 
-    Lightning 2.6 alone gives an accelerator it does not know, with ``devices=1``, a CPU strategy;
-    trainer-plugins' connector keeps a plugin accelerator's single device instead.
+    Lightning 2.6 alone gives an accelerator it does not know, with ``devices=1``, a CPU strategy.
+    Fabric, with one device, gets no answer: the connector then builds Lightning's
+    ``SingleDeviceStrategy`` on the accelerator's device.
     """
-    if not _is_torchtpu_accelerator(accelerator) or len(parallel_devices) == 1:
+    if not _is_torchtpu_accelerator(accelerator):
         return None
-    return DDP_STRATEGY
+    if len(parallel_devices) > 1:
+        return DDP_STRATEGY
+    return SINGLE_STRATEGY if api == "trainer" else None
 
 
 @hookimpl

@@ -1,6 +1,11 @@
-"""DDP on the ``"tpu"`` device: Lightning's ``DDPStrategy`` over ``"tpu_dist"``, without device ids.
+"""Lightning's strategies on the ``"tpu"`` device: single device, and DDP over ``"tpu_dist"`` without device ids.
 
-One process per chip, as TorchTPU runs DDP. Only what the ``"tpu"`` device changes is replaced:
+Every strategy here writes CPU tensors into Trainer checkpoints: a tensor saved from ``"tpu"`` keeps
+that device, a machine without torch_tpu cannot load it, and Lightning's default ``map_location``
+does not remap ``"tpu"``. The copy is made on every rank before rank 0 writes (a host read on some
+ranks only can stall a TorchTPU mesh; not verified on TPU).
+
+DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device changes is replaced:
 
 * the root device is the one this process is bound to, ``torch.accelerator.current_device_index()``
   (TorchTPU binds each process to one index; sources disagree on which, so it is read, never derived
@@ -14,11 +19,13 @@ where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from typing_extensions import override
 
 
@@ -27,8 +34,26 @@ def _bound_device() -> torch.device:
     return torch.device("tpu", torch.accelerator.current_device_index())
 
 
+def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` with every tensor copied to the CPU (Lightning's ``move_data_to_device``)."""
+    return move_data_to_device(checkpoint, torch.device("cpu"))
+
+
+class TorchTPUSingleDeviceStrategy(SingleDeviceStrategy):
+    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors."""
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
+    ) -> None:
+        super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)
+
+
 class TorchTPUDDPStrategy(DDPStrategy):
-    """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``."""
+    """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
+
+    Checkpoints hold CPU tensors, copied on every rank.
+    """
 
     @property
     @override
@@ -38,6 +63,12 @@ class TorchTPUDDPStrategy(DDPStrategy):
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
         return None
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
+    ) -> None:
+        super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)
 
 
 class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
