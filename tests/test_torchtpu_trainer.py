@@ -10,7 +10,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -61,23 +61,23 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32)  # one step per epoch
 
 
-def _fit(accelerator: str, precision: str = "32-true", epochs: int = 4, ckpt_path=None, save_to=None):  # type: ignore[no-untyped-def]
+def _fit(accelerator: str, precision: str = "32-true", epochs: int = 4, ckpt_path=None, save_in=None):  # type: ignore[no-untyped-def]
+    """Fit ``epochs`` one-step epochs; with ``save_in``, ModelCheckpoint writes ``last.ckpt`` there during the fit."""
     L.seed_everything(0, verbose=False)
     model, seen = Regression(), DevicesSeen()
+    saving = [ModelCheckpoint(dirpath=save_in, save_top_k=0, save_last=True)] if save_in is not None else []
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
         precision=precision,
         max_epochs=epochs,
-        callbacks=[seen],
+        callbacks=[seen, *saving],
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(saving),
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.fit(model, _loader(), ckpt_path=ckpt_path)
-    if save_to is not None:
-        trainer.save_checkpoint(save_to)
     return trainer, model, seen
 
 
@@ -101,14 +101,15 @@ def test_losses_equal_the_cpu_run_with_the_precision_on_tpu(precision, tolerance
 
 def test_a_checkpoint_written_on_tpu_holds_cpu_tensors_and_resumes_on_cpu_then_on_tpu(tmp_path):
     _, whole, _ = _fit("tpu", epochs=4)
-    _fit("tpu", epochs=2, save_to=tmp_path / "tpu.ckpt")
-    checkpoint = torch.load(tmp_path / "tpu.ckpt", weights_only=False)  # no map_location: as written
+    # written during the fit, while the model and the optimizer state are on "tpu" (after it, Lightning moves them)
+    _fit("tpu", epochs=2, save_in=tmp_path / "tpu")
+    checkpoint = torch.load(tmp_path / "tpu" / "last.ckpt", weights_only=False)  # no map_location: as written
     tensors = [*checkpoint["state_dict"].values()]
     for state in checkpoint["optimizer_states"][0]["state"].values():
         tensors += [v for v in state.values() if torch.is_tensor(v)]
     assert {t.device.type for t in tensors} == {"cpu"}
-    _, on_cpu, _ = _fit("cpu", epochs=3, ckpt_path=tmp_path / "tpu.ckpt", save_to=tmp_path / "cpu.ckpt")
-    _, back_on_tpu, seen = _fit("tpu", epochs=4, ckpt_path=tmp_path / "cpu.ckpt")
+    _, on_cpu, _ = _fit("cpu", epochs=3, ckpt_path=tmp_path / "tpu" / "last.ckpt", save_in=tmp_path / "cpu")
+    _, back_on_tpu, seen = _fit("tpu", epochs=4, ckpt_path=tmp_path / "cpu" / "last.ckpt")
     assert on_cpu.losses + back_on_tpu.losses == whole.losses[2:]
     assert seen.optimizer_state == {"tpu"}
 
