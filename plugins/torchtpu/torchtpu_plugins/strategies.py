@@ -11,7 +11,10 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
   (TorchTPU binds each process to one index; sources disagree on which, so it is read, never derived
   from ``LOCAL_RANK``);
 * DDP gets no ``device_ids``: Lightning 2.6 passes ``[index]`` for every non-CPU device and then opens
-  ``torch.cuda.Stream()`` around the wrapping, which fails without CUDA; TorchTPU's DDP runs without them.
+  ``torch.cuda.Stream()`` around the wrapping, which fails without CUDA; TorchTPU's DDP runs without them;
+* the process group is initialised without ``device_id``: Lightning 2.6 passes the root device, and
+  torch then asks the group for a backend bound to that device, which a ``"tpu_dist"`` group written
+  in Python (the stand-in's) does not have. TorchTPU's own examples initialise ``"tpu_dist"`` without it.
 
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
 where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
@@ -24,6 +27,8 @@ from typing import Any, Optional
 import torch
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.fabric.utilities.distributed import _init_dist_connection
+from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from typing_extensions import override
@@ -32,6 +37,13 @@ from typing_extensions import override
 def _bound_device() -> torch.device:
     """The ``"tpu"`` device this process is bound to (``torch.accelerator``, never ``LOCAL_RANK``)."""
     return torch.device("tpu", torch.accelerator.current_device_index())
+
+
+def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
+    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``."""
+    assert strategy.cluster_environment is not None
+    strategy._process_group_backend = strategy._get_process_group_backend()
+    _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
 
 
 def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +77,12 @@ class TorchTPUDDPStrategy(DDPStrategy):
         return None
 
     @override
+    def setup_distributed(self) -> None:
+        reset_seed()
+        self.set_world_ranks()
+        _init_process_group(self)
+
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
     ) -> None:
@@ -82,3 +100,8 @@ class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
     @override
     def _determine_ddp_device_ids(self) -> Optional[list[int]]:
         return None
+
+    @override
+    def _setup_distributed(self) -> None:
+        self._set_world_ranks()
+        _init_process_group(self)

@@ -1,0 +1,74 @@
+"""One Lightning script trained with two-process DDP through Lightning's own launcher (a rerun of this script).
+
+Usage: ``python torchtpu_lightning_ddp.py ACCELERATOR OUTPUT`` with ``accelerator="tpu"`` (the stand-in:
+TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environment, strategy="auto") or
+``"cpu"`` (strategy="ddp", gloo); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address
+on the loopback. Rank 0 saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices"}`` to
+OUTPUT: the per-step losses of rank 0's batches, and the device types of the parameters and the
+optimizer state seen during the fit.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.losses: list[float] = []
+        self.devices_seen: set[str] = set()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(loss.item())
+        return loss
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.devices_seen |= {p.device.type for p in self.parameters()}
+        for state in self.trainer.optimizers[0].state.values():
+            self.devices_seen |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.05)
+
+
+def main(accelerator: str, output: str) -> None:
+    L.seed_everything(0, verbose=False)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 8, generator=generator)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
+    model = Regression()
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=2,
+        strategy="auto" if accelerator == "tpu" else "ddp",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, loader)
+    if trainer.global_rank == 0:
+        state = {name: value.detach().cpu() for name, value in model.state_dict().items()}
+        run = {
+            "losses": model.losses,
+            "state": state,
+            "strategy": type(trainer.strategy).__name__,
+            "backend": trainer.strategy._process_group_backend,
+            "devices": model.devices_seen,
+            "world_size": trainer.world_size,
+        }
+        torch.save(run, output)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,54 @@
+"""Lightning's DDP on accelerator="tpu" (stand-in, two devices) equals Lightning's CPU DDP on gloo, rank 0's losses.
+
+tests/scripts/torchtpu_lightning_ddp.py runs one unchanged Lightning script through Lightning's own launcher
+(it reruns the script for rank 1), once on accelerator="tpu" with strategy="auto" and once on accelerator="cpu"
+with strategy="ddp". Every address is on the loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.torchtpu
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torchtpu_lightning_ddp.py")
+
+
+def _free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def _run(accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]
+    output = str(tmp_path / f"{accelerator}.pt")
+    env = dict(
+        os.environ,
+        TORCHTPU_PLUGINS_DEVICE="cpu",
+        TORCHTPU_PLUGINS_DEVICE_COUNT="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=_free_port(),
+        GLOO_SOCKET_IFNAME="lo",
+    )
+    result = subprocess.run(
+        [sys.executable, SCRIPT, accelerator, output], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return torch.load(output, weights_only=False)
+
+
+def test_two_process_ddp_on_tpu_through_lightnings_launcher_equals_cpu_ddp_on_gloo(tmp_path):
+    tpu, cpu = _run("tpu", tmp_path), _run("cpu", tmp_path)
+    assert (tpu["strategy"], tpu["backend"], tpu["world_size"]) == ("TorchTPUDDPStrategy", "tpu_dist", 2)
+    assert (cpu["strategy"], cpu["backend"], cpu["world_size"]) == ("DDPStrategy", "gloo", 2)
+    assert tpu["devices"] == {"tpu"}  # parameters and optimizer state during the fit
+    assert len(tpu["losses"]) == 4
+    assert tpu["losses"] == cpu["losses"]
+    assert tpu["state"].keys() == cpu["state"].keys()
+    for name, value in cpu["state"].items():
+        assert torch.equal(tpu["state"][name], value), name
