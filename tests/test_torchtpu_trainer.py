@@ -164,3 +164,39 @@ def test_with_a_second_claimant_of_tpu_neither_serves_it_and_each_keeps_its_own_
         catalog.find("accelerator", "tpu")
     assert catalog.find("accelerator", "torchtpu").plugin.name == "torchtpu"
     assert catalog.find("accelerator", "xla").plugin.name == "xla"
+
+
+def _fabric_losses(accelerator: str, precision: str) -> tuple[list[float], set[str], object]:
+    fabric = L.Fabric(accelerator=accelerator, devices=1, precision=precision)
+    fabric.seed_everything(0, verbose=False)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(_loader())
+    losses, devices = [], set()
+    for _ in range(4):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x).float(), y.float())
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            devices |= {p.device.type for p in model.parameters()}
+            for state in optimizer.state.values():
+                devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+    return losses, devices, fabric
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("32-true", 0.0), ("bf16-true", 2e-2), ("bf16-mixed", 2e-2)])
+def test_fabric_on_tpu_equals_fabric_on_cpu(precision, tolerance):
+    tpu, devices, fabric = _fabric_losses("tpu", precision)
+    cpu, _, _ = _fabric_losses("cpu", precision)
+    assert fabric.device == torch.device("tpu", 0)
+    assert type(fabric.strategy).__name__ == "FabricTorchTPUSingleDeviceStrategy"
+    assert devices == {"tpu"}
+    if precision == "bf16-mixed":
+        assert fabric._precision.device == "tpu"
+    if tolerance == 0.0:
+        assert tpu == cpu
+    else:
+        torch.testing.assert_close(tpu, cpu, rtol=tolerance, atol=tolerance)

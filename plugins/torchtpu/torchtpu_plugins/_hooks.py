@@ -48,7 +48,8 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
         StrategyEntry(
             SINGLE_STRATEGY,
             trainer=f"{_PKG}.strategies:TorchTPUSingleDeviceStrategy",
-            description="one 'tpu' device, one process; checkpoints hold CPU tensors",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUSingleDeviceStrategy",
+            description="one 'tpu' device, one process",
         ),
         StrategyEntry(
             DDP_STRATEGY,
@@ -87,18 +88,14 @@ def _ddp_strategies(api: str, package: str) -> tuple[type, type]:
 
 
 @hookimpl
-def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any], api: str) -> Optional[str]:
-    """One device: :data:`SINGLE_STRATEGY` (Trainer) on ``tpu:0``; several: :data:`DDP_STRATEGY`.
+def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any]) -> Optional[str]:
+    """One device: :data:`SINGLE_STRATEGY` on ``tpu:0``; several: :data:`DDP_STRATEGY`.
 
     Lightning 2.6 alone gives an accelerator it does not know, with ``devices=1``, a CPU strategy.
-    Fabric, with one device, gets no answer: the connector then builds Lightning's
-    ``SingleDeviceStrategy`` on the accelerator's device.
     """
     if not _is_torchtpu_accelerator(accelerator):
         return None
-    if len(parallel_devices) > 1:
-        return DDP_STRATEGY
-    return SINGLE_STRATEGY if api == "trainer" else None
+    return DDP_STRATEGY if len(parallel_devices) > 1 else SINGLE_STRATEGY
 
 
 @hookimpl

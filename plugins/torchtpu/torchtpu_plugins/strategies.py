@@ -26,11 +26,13 @@ from typing import Any, Optional
 
 import torch
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
+from lightning.fabric.strategies import SingleDeviceStrategy as FabricSingleDeviceStrategy
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from torch.nn import Module
 from typing_extensions import override
 
 
@@ -46,6 +48,22 @@ def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
     _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
 
 
+def _move_keeping_parameters(module: Module, device: torch.device) -> None:
+    """Move ``module`` to ``device`` keeping its ``Parameter`` objects (torch's swap-on-conversion mode).
+
+    A CPU tensor cannot take ``"tpu"`` data in place, so ``Module.to`` would build new parameters and
+    an optimizer made before ``fabric.setup(model, optimizer)`` would keep stepping the CPU ones (the
+    model would not train, silently; Lightning re-points the optimizer for its XLA strategy only).
+    ``torch.utils.swap_tensors`` swaps each parameter's contents instead.
+    """
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        module.to(device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+
+
 def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """``checkpoint`` with every tensor copied to the CPU (Lightning's ``move_data_to_device``)."""
     return move_data_to_device(checkpoint, torch.device("cpu"))
@@ -59,6 +77,14 @@ class TorchTPUSingleDeviceStrategy(SingleDeviceStrategy):
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
     ) -> None:
         super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)
+
+
+class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
+    """Fabric's ``SingleDeviceStrategy`` on one ``"tpu"`` device; moving a module keeps its parameter objects."""
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        _move_keeping_parameters(module, self.root_device)
 
 
 class TorchTPUDDPStrategy(DDPStrategy):
@@ -100,6 +126,10 @@ class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
     @override
     def _determine_ddp_device_ids(self) -> Optional[list[int]]:
         return None
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        _move_keeping_parameters(module, self.root_device)
 
     @override
     def _setup_distributed(self) -> None:
