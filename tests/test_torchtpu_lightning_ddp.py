@@ -2,7 +2,7 @@
 
 tests/scripts/torchtpu_lightning_ddp.py runs one unchanged Lightning script through Lightning's own launcher
 (it reruns the script for rank 1), once on accelerator="tpu" with strategy="auto" and once on accelerator="cpu"
-with strategy="ddp". Every address is on the loopback.
+with strategy="ddp"; and the same for a Fabric loop. Every address is on the loopback.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def _free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-def _run(accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]
-    output = str(tmp_path / f"{accelerator}.pt")
+def _run(api: str, accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]
+    output = str(tmp_path / f"{api}-{accelerator}.pt")
     env = dict(
         os.environ,
         TORCHTPU_PLUGINS_DEVICE="cpu",
@@ -36,19 +36,30 @@ def _run(accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]
         GLOO_SOCKET_IFNAME="lo",
     )
     result = subprocess.run(
-        [sys.executable, SCRIPT, accelerator, output], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, SCRIPT, api, accelerator, output], env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return torch.load(output, weights_only=False)
 
 
 def test_two_process_ddp_on_tpu_through_lightnings_launcher_equals_cpu_ddp_on_gloo(tmp_path):
-    tpu, cpu = _run("tpu", tmp_path), _run("cpu", tmp_path)
+    tpu, cpu = _run("trainer", "tpu", tmp_path), _run("trainer", "cpu", tmp_path)
     assert (tpu["strategy"], tpu["backend"], tpu["world_size"]) == ("TorchTPUDDPStrategy", "tpu_dist", 2)
     assert (cpu["strategy"], cpu["backend"], cpu["world_size"]) == ("DDPStrategy", "gloo", 2)
     assert tpu["devices"] == {"tpu"}  # parameters and optimizer state during the fit
     assert len(tpu["losses"]) == 4
     assert tpu["losses"] == cpu["losses"]
     assert tpu["state"].keys() == cpu["state"].keys()
+    for name, value in cpu["state"].items():
+        assert torch.equal(tpu["state"][name], value), name
+
+
+def test_two_process_fabric_ddp_on_tpu_equals_fabric_cpu_ddp_on_gloo(tmp_path):
+    tpu, cpu = _run("fabric", "tpu", tmp_path), _run("fabric", "cpu", tmp_path)
+    assert (tpu["strategy"], tpu["backend"], tpu["world_size"]) == ("FabricTorchTPUDDPStrategy", "tpu_dist", 2)
+    assert (cpu["strategy"], cpu["backend"]) == ("DDPStrategy", "gloo")
+    assert tpu["devices"] == {"tpu"}
+    assert len(tpu["losses"]) == 4
+    assert tpu["losses"] == cpu["losses"]
     for name, value in cpu["state"].items():
         assert torch.equal(tpu["state"][name], value), name

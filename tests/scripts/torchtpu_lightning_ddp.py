@@ -1,6 +1,7 @@
 """One Lightning script trained with two-process DDP through Lightning's own launcher (a rerun of this script).
 
-Usage: ``python torchtpu_lightning_ddp.py ACCELERATOR OUTPUT`` with ``accelerator="tpu"`` (the stand-in:
+Usage: ``python torchtpu_lightning_ddp.py API ACCELERATOR OUTPUT``, API ``trainer`` (a LightningModule under
+``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop), with ``accelerator="tpu"`` (the stand-in:
 TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environment, strategy="auto") or
 ``"cpu"`` (strategy="ddp", gloo); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address
 on the loopback. Rank 0 saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices"}`` to
@@ -25,9 +26,12 @@ class Regression(L.LightningModule):
         self.losses: list[float] = []
         self.devices_seen: set[str] = set()
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self(x), y)
         self.losses.append(loss.item())
         return loss
 
@@ -40,11 +44,45 @@ class Regression(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
-def main(accelerator: str, output: str) -> None:
-    L.seed_everything(0, verbose=False)
+def _loader() -> DataLoader:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=generator)
-    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
+    return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
+
+
+def fabric_main(accelerator: str, output: str) -> None:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="auto" if accelerator == "tpu" else "ddp")
+    fabric.launch()
+    fabric.seed_everything(0, verbose=False)
+    model = Regression()
+    optimizer = model.configure_optimizers()
+    module, optimizer = fabric.setup(model, optimizer)  # the optimizer made first, as Lightning's docs show
+    devices: set[str] = set()
+    for x, y in fabric.setup_dataloaders(_loader()):
+        loss = nn.functional.mse_loss(module(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        model.losses.append(loss.item())
+        devices |= {p.device.type for p in module.parameters()}
+        for state in optimizer.state.values():
+            devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+    if fabric.global_rank == 0:
+        state = {name: value.detach().cpu() for name, value in model.state_dict().items()}
+        run = {
+            "losses": model.losses,
+            "state": state,
+            "strategy": type(fabric.strategy).__name__,
+            "backend": fabric.strategy._process_group_backend,
+            "devices": devices,
+            "world_size": fabric.world_size,
+        }
+        torch.save(run, output)
+
+
+def main(accelerator: str, output: str) -> None:
+    L.seed_everything(0, verbose=False)
+    loader = _loader()
     model = Regression()
     trainer = L.Trainer(
         accelerator=accelerator,
@@ -71,4 +109,4 @@ def main(accelerator: str, output: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    (main if sys.argv[1] == "trainer" else fabric_main)(sys.argv[2], sys.argv[3])
