@@ -11,10 +11,10 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from plugin_helpers import catalog_with, make_plugin
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from plugin_helpers import catalog_with, make_plugin
 from trainer_plugins import AcceleratorEntry, PluginConflictError, PluginWarning
 
 pytestmark = pytest.mark.torchtpu

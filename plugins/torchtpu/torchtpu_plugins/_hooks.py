@@ -57,7 +57,7 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
             description="DDP over 'tpu_dist', one process per 'tpu' device, no device_ids",
             distributed=True,
-        )
+        ),
     ]
 
 

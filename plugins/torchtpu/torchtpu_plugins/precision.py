@@ -41,5 +41,6 @@ def build(precision: str, precision_input: Any, api: str, package: str = "lightn
     if precision == "bf16-mixed":
         return lightning_class("MixedPrecision")("bf16-mixed", device=_device.DEVICE_TYPE)
     raise ValueError(
-        f"precision={precision_input!r} is not supported on accelerator 'tpu' (TorchTPU); valid: {', '.join(PRECISIONS)}"
+        f"precision={precision_input!r} is not supported on accelerator 'tpu' (TorchTPU);"
+        f" valid: {', '.join(PRECISIONS)}"
     )
