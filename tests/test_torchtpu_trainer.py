@@ -16,8 +16,15 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_plugins import AcceleratorEntry, PluginConflictError, PluginWarning
+from trainer_plugins.testing import PluginConformance
 
 pytestmark = pytest.mark.torchtpu
+
+
+class TestTorchTPUPluginConformance(PluginConformance):
+    """The conformance kit trainer-plugins ships to plugin authors (declarations and probes import no torch)."""
+
+    plugin = "torchtpu"
 
 
 class Regression(L.LightningModule):

@@ -9,11 +9,47 @@ tensor, so no probe initialises libtpu (which, without a TPU, queries the cloud 
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
+import sys
 from typing import Optional
 
 #: The device type TorchTPU gives PrivateUse1.
 DEVICE_TYPE = "tpu"
+#: The PCI vendor id of Google's TPU chips, which TorchTPU looks for (with a ``/dev/vfio`` group) before it starts.
+TPU_PCI_VENDOR = "0x1ae0"
+
+
+def _tpu_attached() -> bool:
+    """Whether a TPU chip is on this host's PCI bus and a VFIO group exists (files only, nothing starts)."""
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as file:
+                if file.read().strip() == TPU_PCI_VENDOR:
+                    return bool(glob.glob("/dev/vfio/[0-9]*"))
+        except OSError:
+            continue
+    return False
+
+
+def probably_available() -> bool:
+    """Whether a ``"tpu"`` device can run here, answered without importing torch when it is not imported yet.
+
+    With torch imported, the answer of :func:`unavailable_reason`. Before (``trainer-plugins list``, a probe
+    run in a fresh process), from files: the stand-in's variable set, or torch_tpu installed on a host with
+    a TPU chip on its PCI bus and a ``/dev/vfio`` group (TorchTPU's own conditions to start). With
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` torch loads neither, so the answer is false.
+    """
+    if "torch" in sys.modules:
+        return unavailable_reason() is None
+    from torchtpu_plugins._autoload import VALUES, VARIABLE
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+        return False
+    if os.environ.get(VARIABLE) in VALUES:
+        return True
+    return importlib.util.find_spec("torch_tpu") is not None and _tpu_attached()
 
 
 def unavailable_reason() -> Optional[str]:

@@ -67,7 +67,7 @@ def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
         return None
     from torchtpu_plugins import _device
 
-    return _device.unavailable_reason() is None
+    return _device.probably_available()
 
 
 def _is_torchtpu_accelerator(accelerator: Any) -> bool:
