@@ -52,6 +52,13 @@ def test_two_process_ddp_on_tpu_through_lightnings_launcher_equals_cpu_ddp_on_gl
     assert tpu["state"].keys() == cpu["state"].keys()
     for name, value in cpu["state"].items():
         assert torch.equal(tpu["state"][name], value), name
+    # the checkpoint written during the fit holds CPU tensors, equal to the weights at the end
+    checkpoint = torch.load(tmp_path / "trainer-tpu-ckpt" / "last.ckpt", weights_only=False)  # as written
+    optimizer_state = checkpoint["optimizer_states"][0]["state"]
+    tensors = [*checkpoint["state_dict"].values(), *(v for s in optimizer_state.values() for v in s.values())]
+    assert {t.device.type for t in tensors if torch.is_tensor(t)} == {"cpu"}
+    for name, value in cpu["state"].items():
+        assert torch.equal(checkpoint["state_dict"][name], value), name
 
 
 def test_two_process_fabric_ddp_on_tpu_equals_fabric_cpu_ddp_on_gloo(tmp_path):

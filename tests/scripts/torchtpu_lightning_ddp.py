@@ -6,15 +6,18 @@ TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environme
 ``"cpu"`` (strategy="ddp", gloo); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address
 on the loopback. Rank 0 saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices"}`` to
 OUTPUT: the per-step losses of rank 0's batches, and the device types of the parameters and the
-optimizer state seen during the fit.
+optimizer state seen during the fit. The Trainer's ModelCheckpoint writes ``last.ckpt`` during the fit
+into OUTPUT's name without extension plus ``-ckpt``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -90,7 +93,7 @@ def main(accelerator: str, output: str) -> None:
         strategy="auto" if accelerator == "tpu" else "ddp",
         max_epochs=1,
         logger=False,
-        enable_checkpointing=False,
+        callbacks=[ModelCheckpoint(dirpath=f"{os.path.splitext(output)[0]}-ckpt", save_top_k=0, save_last=True)],
         enable_progress_bar=False,
         enable_model_summary=False,
     )
