@@ -152,7 +152,8 @@ def test_doctor_rows_show_torch_the_stand_in_and_the_devices_seen():
 
     rows = _hooks.trainer_plugins_doctor()
     assert rows["torch"] == torch.__version__.split("+")[0] or rows["torch"] == torch.__version__
-    assert rows["torch-tpu"] == "not installed"
+    assert rows["torch-tpu"] == rows["libtpu"] == "not installed"
+    assert rows["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "unset (backends load)"
     assert rows["stand-in device"] == "TORCHTPU_PLUGINS_DEVICE=cpu"
     assert rows["'tpu' devices"] == torch.accelerator.device_count() == 1
 
