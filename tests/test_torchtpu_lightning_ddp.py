@@ -8,21 +8,15 @@ with strategy="ddp"; and the same for a Fabric loop. Every address is on the loo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+from test_torchtpu_distributed import _free_port
 
 pytestmark = pytest.mark.torchtpu
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torchtpu_lightning_ddp.py")
-
-
-def _free_port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def _run(api: str, accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]

@@ -47,6 +47,19 @@ class Regression(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
+def _save(output: str, model: Regression, strategy: object, devices: set[str], world_size: int) -> None:
+    state = {name: value.detach().cpu() for name, value in model.state_dict().items()}
+    run = {
+        "losses": model.losses,
+        "state": state,
+        "strategy": type(strategy).__name__,
+        "backend": strategy._process_group_backend,  # type: ignore[attr-defined]
+        "devices": devices,
+        "world_size": world_size,
+    }
+    torch.save(run, output)
+
+
 def _loader() -> DataLoader:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(64, 8, generator=generator)
@@ -71,16 +84,7 @@ def fabric_main(accelerator: str, output: str) -> None:
         for state in optimizer.state.values():
             devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
     if fabric.global_rank == 0:
-        state = {name: value.detach().cpu() for name, value in model.state_dict().items()}
-        run = {
-            "losses": model.losses,
-            "state": state,
-            "strategy": type(fabric.strategy).__name__,
-            "backend": fabric.strategy._process_group_backend,
-            "devices": devices,
-            "world_size": fabric.world_size,
-        }
-        torch.save(run, output)
+        _save(output, model, fabric.strategy, devices, fabric.world_size)
 
 
 def main(accelerator: str, output: str) -> None:
@@ -99,16 +103,7 @@ def main(accelerator: str, output: str) -> None:
     )
     trainer.fit(model, loader)
     if trainer.global_rank == 0:
-        state = {name: value.detach().cpu() for name, value in model.state_dict().items()}
-        run = {
-            "losses": model.losses,
-            "state": state,
-            "strategy": type(trainer.strategy).__name__,
-            "backend": trainer.strategy._process_group_backend,
-            "devices": model.devices_seen,
-            "world_size": trainer.world_size,
-        }
-        torch.save(run, output)
+        _save(output, model, trainer.strategy, model.devices_seen, trainer.world_size)
 
 
 if __name__ == "__main__":

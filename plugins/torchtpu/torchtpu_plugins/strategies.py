@@ -69,14 +69,17 @@ def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return move_data_to_device(checkpoint, torch.device("cpu"))
 
 
-class TorchTPUSingleDeviceStrategy(SingleDeviceStrategy):
-    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors."""
+class _CPUCheckpoints:
+    """Trainer strategies on ``"tpu"``: the checkpoint is copied to the CPU (on every rank) before it is written."""
 
-    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
     ) -> None:
-        super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)
+        super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)  # type: ignore[misc]
+
+
+class TorchTPUSingleDeviceStrategy(_CPUCheckpoints, SingleDeviceStrategy):
+    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors."""
 
 
 class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
@@ -87,7 +90,7 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
         _move_keeping_parameters(module, self.root_device)
 
 
-class TorchTPUDDPStrategy(DDPStrategy):
+class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
     Checkpoints hold CPU tensors, copied on every rank.
@@ -107,12 +110,6 @@ class TorchTPUDDPStrategy(DDPStrategy):
         reset_seed()
         self.set_world_ranks()
         _init_process_group(self)
-
-    @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None
-    ) -> None:
-        super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)
 
 
 class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
