@@ -1,0 +1,131 @@
+"""Hook implementations of the TorchTPU plugin (entry point ``torchtpu`` in the ``trainer_plugins`` group).
+
+Importing this module imports neither torch nor Lightning: the declarations are plain data, and the
+probe and decision hooks import what they need when asked.
+
+The accelerator takes Lightning's name ``"tpu"`` (``override=True``, as xla-plugins does): a script
+with ``accelerator="tpu"`` runs on TorchTPU unchanged. xla-plugins claims ``"tpu"`` the same way; the
+two cannot share one torch, but where both distributions are installed the catalogue's conflict rule
+leaves ``"tpu"`` to neither (selecting it raises, naming both) and each stays reachable by its own name:
+``"torchtpu"`` here, ``"xla"`` there (or block one with ``TRAINER_PLUGINS_BLOCK``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from trainer_plugins import AcceleratorEntry, StrategyEntry, hookimpl, package_of, resolve_in
+
+TRAINER_PLUGINS_API = ">=1.1,<2"
+
+_PKG = "torchtpu_plugins"
+#: Names of the TorchTPU accelerator; ``"tpu"`` is Lightning's name, taken so existing scripts run unchanged.
+ACCELERATOR_NAMES = ("torchtpu", "tpu")
+#: The strategy ``strategy="auto"`` means for one ``"tpu"`` device (Trainer).
+SINGLE_STRATEGY = "single_torchtpu"
+#: The strategy ``strategy="auto"`` means for several ``"tpu"`` devices.
+DDP_STRATEGY = "ddp_torchtpu"
+
+
+@hookimpl
+def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
+    return [
+        AcceleratorEntry(
+            "torchtpu",
+            trainer=f"{_PKG}.accelerator:TorchTPUAccelerator",
+            fabric=f"{_PKG}.accelerator:TorchTPUAccelerator",
+            description="TorchTPU's native 'tpu' device (torch_tpu, or the stand-in TORCHTPU_PLUGINS_DEVICE=cpu)",
+            aliases=("tpu",),
+            auto_priority=90,
+            override=True,
+        )
+    ]
+
+
+@hookimpl
+def trainer_plugins_strategies() -> list[StrategyEntry]:
+    return [
+        StrategyEntry(
+            SINGLE_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUSingleDeviceStrategy",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUSingleDeviceStrategy",
+            description="one 'tpu' device, one process",
+        ),
+        StrategyEntry(
+            DDP_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
+            description="DDP over 'tpu_dist', one process per 'tpu' device, no device_ids",
+            distributed=True,
+        ),
+    ]
+
+
+@hookimpl
+def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
+    if name not in ACCELERATOR_NAMES:
+        return None
+    from torchtpu_plugins import _device
+
+    return _device.probably_available()
+
+
+def _is_torchtpu_accelerator(accelerator: Any) -> bool:
+    return isinstance(accelerator, resolve_in(f"{_PKG}.accelerator:TorchTPUAccelerator", package_of(accelerator)))
+
+
+def _ddp_strategies(api: str, package: str) -> tuple[type, type]:
+    """(Lightning's DDPStrategy, this plugin's subclass of it) for ``api``."""
+    if api == "trainer":
+        return (
+            resolve_in("lightning.pytorch.strategies:DDPStrategy", package),
+            resolve_in(f"{_PKG}.strategies:TorchTPUDDPStrategy", package),
+        )
+    return (
+        resolve_in("lightning.fabric.strategies:DDPStrategy", package),
+        resolve_in(f"{_PKG}.strategies:FabricTorchTPUDDPStrategy", package),
+    )
+
+
+@hookimpl
+def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any]) -> Optional[str]:
+    """One device: :data:`SINGLE_STRATEGY` on ``tpu:0``; several: :data:`DDP_STRATEGY`.
+
+    Lightning 2.6 alone gives an accelerator it does not know, with ``devices=1``, a CPU strategy.
+    """
+    if not _is_torchtpu_accelerator(accelerator):
+        return None
+    return DDP_STRATEGY if len(parallel_devices) > 1 else SINGLE_STRATEGY
+
+
+@hookimpl
+def trainer_plugins_select_precision(accelerator: Any, precision: str, precision_input: Any, api: str) -> Any:
+    if not _is_torchtpu_accelerator(accelerator):
+        return None
+    from torchtpu_plugins import precision as precisions
+
+    return precisions.build(precision, precision_input, api, package_of(accelerator))
+
+
+@hookimpl
+def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: list[Any], api: str) -> None:
+    """Reject Lightning's own ``DDPStrategy`` on ``"tpu"`` (it passes ``device_ids`` and opens a CUDA stream)."""
+    lightning_ddp, torchtpu_ddp = _ddp_strategies(api, package_of(accelerator))
+    on_tpu = _is_torchtpu_accelerator(accelerator)
+    if on_tpu and isinstance(strategy, lightning_ddp) and not isinstance(strategy, torchtpu_ddp):
+        raise ValueError(
+            f"Lightning's {type(strategy).__name__} cannot run on accelerator 'tpu' (TorchTPU): it passes"
+            f" device_ids and opens a CUDA stream. Use strategy='auto' or {DDP_STRATEGY!r} for several 'tpu' devices."
+        )
+    if not on_tpu and isinstance(strategy, torchtpu_ddp):
+        raise ValueError(
+            f"Strategy {DDP_STRATEGY!r} runs on 'tpu' devices only, but the accelerator is"
+            f" {type(accelerator).__name__}. Use accelerator='tpu'."
+        )
+
+
+@hookimpl
+def trainer_plugins_doctor() -> Optional[dict[str, Any]]:
+    from torchtpu_plugins import _doctor
+
+    return _doctor.describe()
