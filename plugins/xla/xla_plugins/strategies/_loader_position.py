@@ -144,8 +144,9 @@ class _Epoch:
             self.first_fetch_states = host_states()
         batch = next(self._iterator)  # type: ignore[arg-type]
         self.fetched += 1
-        self.owner.epoch_fetched += 1
-        self.owner.fetched_any = True
+        counts = self.owner.__dict__  # its own attributes, set without its __setattr__: no Python call a batch
+        counts["epoch_fetched"] += 1
+        counts["fetched_any"] = True
         return batch
 
     def _start(self) -> None:
