@@ -94,6 +94,22 @@ def test_a_loop_reading_received_sigterm_saves_at_the_signal_exits_143_and_resum
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stop.ckpt"]
 
 
+def test_a_fabric_left_set_up_by_an_earlier_script_in_the_process_does_not_take_the_signal(tmp_path):
+    # A Fabric script never tears its strategy down: the next Fabric of the process (a notebook's next
+    # cell, the next test) replaces the earlier one's handler instead of deferring to it.
+    earlier, *_ = new_fabric()
+    path = tmp_path / "stop.ckpt"
+    fabric, module, optimizer = new_fabric()
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            train(fabric, module, optimizer, path, signal_after=SIGNAL_AFTER)
+    finally:
+        fabric.strategy.teardown()
+        earlier.strategy.teardown()
+    assert stopped.value.code == 143
+    assert torch.load(path, weights_only=False)["step"] == SIGNAL_AFTER + 1
+
+
 def test_a_loop_that_never_reads_the_flag_ends_at_the_signal_once_the_write_in_flight_is_complete(tmp_path):
     gate, writes, io, fabric, module, optimizer = held_fabric(held=1)
     path = tmp_path / "fabric.ckpt"

@@ -38,6 +38,19 @@ from xla_plugins.strategies._stop_agreement import agreed_signal, several_hosts
 from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s, exit_status
 
 
+def _before_fabric(signum: int, handler: Any) -> Any:
+    """The handler that was there before any Fabric's: ``handler``, or the one a handler of ours had replaced.
+
+    A Fabric script never tears its strategy down, so an earlier Fabric of the process (a notebook's
+    previous cell) leaves its handler installed; the new strategy takes its place instead of deferring
+    to it, and keeps what it had replaced (the script's own handler, or Python's default).
+    """
+    owner = getattr(handler, "__self__", None)
+    if isinstance(owner, FabricStopsOnSignal) and getattr(handler, "__func__", None) is FabricStopsOnSignal._received:
+        return (owner._handlers_before or {}).get(signum, signal.SIG_DFL)
+    return handler
+
+
 class FabricStopsOnSignal:
     """Mixin for Fabric's XLA strategies: stop signals set ``received_sigterm``, or end the loop after the write.
 
@@ -64,7 +77,9 @@ class FabricStopsOnSignal:
             return  # a spawn replica (its launcher's handlers agree), or installed already
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only
-        self._handlers_before = {signum: signal.signal(signum, self._received) for signum in signals}
+        self._handlers_before = {
+            signum: _before_fabric(signum, signal.signal(signum, self._received)) for signum in signals
+        }
 
     def teardown(self) -> None:
         """Put back the signal handlers that were installed before ``setup_environment``, then Lightning's teardown."""
