@@ -31,10 +31,14 @@ SIGNAL_AFTER = 3  # the loop is told to stop after this step's update
 
 @pytest.fixture(autouse=True)
 def handlers_put_back():
-    """Every Fabric of a test is torn down (its handlers put back); SIGTERM's handler is the one before the test."""
-    before = signal.getsignal(signal.SIGTERM)
+    """Every Fabric of a test is torn down (its handlers put back): SIGTERM's handler is Python's default after it.
+
+    Each test starts from the default: a Fabric of another test file in this process, never torn down
+    (as a Fabric script never is), may have left its handler, which a new Fabric replaces.
+    """
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     yield
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     signal.signal(signal.SIGTERM, before)
 
 
