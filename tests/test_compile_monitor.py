@@ -450,3 +450,21 @@ def test_stand_in_counter_each_cause_is_warned_once_per_trainer_located_at_the_u
         n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# a host read on this" in text
     )
     assert (ours[0].filename, ours[0].lineno) == (__file__, line)
+
+
+def test_a_warning_located_in_the_main_module_of_python_c_is_issued(monkeypatch):
+    # `python -c`'s __main__ has BuiltinImporter as its loader and no __file__: asking it for the source
+    # raised ImportError ("'__main__' is not a built-in module") from the warning (tests/test_spmd_batches.py)
+    import importlib.machinery
+    import types
+    import warnings
+
+    from xla_plugins.host_reads import SourceLine, warn_at
+
+    main = types.ModuleType("fake_c_main")
+    main.__loader__ = importlib.machinery.BuiltinImporter
+    monkeypatch.setitem(sys.modules, "fake_c_main", main)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_at("a late compilation", UserWarning, SourceLine("<string>", 7, "fake_c_main"))
+    assert [(str(w.message), w.filename, w.lineno) for w in caught] == [("a late compilation", "<string>", 7)]

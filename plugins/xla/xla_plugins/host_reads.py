@@ -194,7 +194,10 @@ def warn_at(message: str, category: type[Warning], line: Optional[SourceLine]) -
     module = sys.modules.get(line.module) if line.module else None
     module_globals = vars(module) if module is not None else None
     registry = module_globals.setdefault("__warningregistry__", {}) if module_globals is not None else None
-    warnings.warn_explicit(message, category, line.filename, line.lineno, line.module or None, registry, module_globals)
+    # The source line is asked of the module's loader only for a module read from a file: the __main__
+    # of `python -c` (and of a notebook) has BuiltinImporter as its loader, whose get_source raises ImportError
+    source_globals = module_globals if module_globals is not None and "__file__" in module_globals else None
+    warnings.warn_explicit(message, category, line.filename, line.lineno, line.module or None, registry, source_globals)
 
 
 def line_text(filename: str, lineno: int) -> str:
