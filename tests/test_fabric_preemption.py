@@ -69,17 +69,21 @@ def weights(module) -> list[torch.Tensor]:
     return [p.detach().cpu().clone() for p in module.parameters()]
 
 
-def test_a_loop_reading_received_sigterm_saves_at_the_signal_exits_143_and_resumes_exactly(tmp_path):
-    path = tmp_path / "stop.ckpt"
-    fabric, module, optimizer = new_fabric()
+def stop_at_the_signal(fabric, module, optimizer, path, *others) -> None:
+    """Train until the signal after step SIGNAL_AFTER; the loop saves and exits 143. Tears down ``others`` too."""
     try:
         with pytest.raises(SystemExit) as stopped:
             train(fabric, module, optimizer, path, signal_after=SIGNAL_AFTER)
     finally:
-        fabric.strategy.teardown()
+        for each in (fabric, *others):
+            each.strategy.teardown()
     assert stopped.value.code == 143
-    state = torch.load(path, weights_only=False)
-    assert state["step"] == SIGNAL_AFTER + 1  # the step after the signal did not run
+    assert torch.load(path, weights_only=False)["step"] == SIGNAL_AFTER + 1  # the step after the signal did not run
+
+
+def test_a_loop_reading_received_sigterm_saves_at_the_signal_exits_143_and_resumes_exactly(tmp_path):
+    path = tmp_path / "stop.ckpt"
+    stop_at_the_signal(*new_fabric(), path)
 
     resumed_fabric, module, optimizer = new_fabric()  # the rerun of the script
     try:
@@ -102,16 +106,7 @@ def test_a_fabric_left_set_up_by_an_earlier_script_in_the_process_does_not_take_
     # A Fabric script never tears its strategy down: the next Fabric of the process (a notebook's next
     # cell, the next test) replaces the earlier one's handler instead of deferring to it.
     earlier, *_ = new_fabric()
-    path = tmp_path / "stop.ckpt"
-    fabric, module, optimizer = new_fabric()
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            train(fabric, module, optimizer, path, signal_after=SIGNAL_AFTER)
-    finally:
-        fabric.strategy.teardown()
-        earlier.strategy.teardown()
-    assert stopped.value.code == 143
-    assert torch.load(path, weights_only=False)["step"] == SIGNAL_AFTER + 1
+    stop_at_the_signal(*new_fabric(), tmp_path / "stop.ckpt", earlier)
 
 
 def test_a_loop_that_never_reads_the_flag_ends_at_the_signal_once_the_write_in_flight_is_complete(tmp_path):
