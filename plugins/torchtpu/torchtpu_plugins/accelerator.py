@@ -1,8 +1,16 @@
-"""The TorchTPU accelerator: the native ``"tpu"`` device (TorchTPU, or the stand-in), for Trainer and Fabric."""
+"""The TorchTPU accelerator: the native ``"tpu"`` device (TorchTPU, or the stand-in), for Trainer and Fabric.
+
+A TorchTPU worker sees one chip. Where an outside launcher started the processes (torchrun, Ray
+Train: ``LOCAL_WORLD_SIZE`` is set), the devices of this host are the launcher's processes on it, so
+``devices="auto"`` means ``LOCAL_WORLD_SIZE`` and an explicit count is checked against it; Lightning's
+cluster environment then checks ``devices * num_nodes`` against the launcher's ``WORLD_SIZE``.
+Without an outside launcher the count is ``torch.accelerator.device_count()``.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Union
+import os
+from typing import Any, Optional, Union
 
 import torch
 from lightning.fabric.utilities.device_parser import _check_data_type
@@ -11,6 +19,32 @@ from lightning.pytorch.accelerators.accelerator import Accelerator
 from typing_extensions import override
 
 from torchtpu_plugins import _device
+
+
+#: The variable through which torchrun and Ray Train give each worker the number of workers on its host.
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+
+def launcher_local_world_size() -> Optional[int]:
+    """The processes an outside launcher started on this host (``LOCAL_WORLD_SIZE``), or ``None`` where unset.
+
+    Raises:
+        ValueError: ``LOCAL_WORLD_SIZE`` is not an integer >= 1.
+    """
+    value = os.environ.get(LOCAL_WORLD_SIZE)
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{LOCAL_WORLD_SIZE}={value!r} is not a process count: valid are integers >= 1 (torchrun sets it)")
+    return int(value)
+
+
+def _devices_here() -> tuple[int, str]:
+    """(the devices of this host, where that number comes from), see the module's docstring; 0 without a device."""
+    launched = launcher_local_world_size()
+    if launched is not None and _device.device_count() > 0:
+        return launched, f"the processes the launcher started on this host, {LOCAL_WORLD_SIZE}={launched}"
+    return _device.device_count(), "the 'tpu' devices torch.accelerator reports"
 
 
 class TorchTPUAccelerator(Accelerator):
@@ -50,11 +84,14 @@ class TorchTPUAccelerator(Accelerator):
     def parse_devices(devices: Union[int, str, list[int]]) -> int:
         """The number of devices of ``devices``: an int >= 1, ``"auto"``/``-1`` (all), or a list of indices.
 
+        All devices are ``LOCAL_WORLD_SIZE`` where an outside launcher sets it (one chip a worker), else
+        ``torch.accelerator.device_count()``.
+
         Raises:
-            ValueError: not one of those, or more devices than ``torch.accelerator.device_count()``.
+            ValueError: not one of those, or more devices than that count (the message says which it is).
         """
         _check_data_type(devices)
-        available = _device.device_count()
+        available, source = _devices_here()
         if isinstance(devices, str):
             devices = -1 if devices.strip() in ("auto", "-1") else int(devices.strip().rstrip(","))
         count = len(devices) if isinstance(devices, list) else devices
@@ -62,8 +99,7 @@ class TorchTPUAccelerator(Accelerator):
             count = available
         if not 1 <= count <= available:
             raise ValueError(
-                f"devices={devices!r} is not valid for TorchTPU: valid are 1 to {available} (the 'tpu' devices"
-                " torch.accelerator reports), -1 or 'auto'"
+                f"devices={devices!r} is not valid for TorchTPU: valid are 1 to {available} ({source}), -1 or 'auto'"
             )
         return count
 
@@ -76,8 +112,12 @@ class TorchTPUAccelerator(Accelerator):
     @staticmethod
     @override
     def auto_device_count() -> int:
-        """``torch.accelerator.device_count()`` for ``"tpu"`` (0 when no device is registered)."""
-        return _device.device_count()
+        """``LOCAL_WORLD_SIZE`` under an outside launcher, else ``torch.accelerator.device_count()`` (0: no device).
+
+        Raises:
+            ValueError: ``LOCAL_WORLD_SIZE`` is set but not an integer >= 1.
+        """
+        return _devices_here()[0]
 
     @staticmethod
     @override
