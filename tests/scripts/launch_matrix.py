@@ -9,8 +9,7 @@ which rank each has. (Lightning's CPU accelerator takes ``devices="auto"`` as 1 
 any launcher, so a CPU reference run names its count.)
 
 Every process writes ``OUTPUT_DIR/rank-<global rank>.pt``: the cluster environment's class, whether
-it says the processes were created outside Lightning, the strategy's launcher class (``None`` where
-none starts processes), world size, global, local and node rank, the sample indices of its batches
+it says the processes were created outside Lightning, world size, global, local and node rank, the sample indices of its batches
 (its sampler's shard), its per-step losses, the final parameters (CPU copies), the device types of
 the parameters during the fit, the process-group backend, and this process's and its parent's ids.
 """
@@ -62,11 +61,9 @@ class Regression(L.LightningModule):
 
 def _record(output_dir: str, model: Regression, strategy: object, global_rank: int, world_size: int) -> None:
     environment = strategy.cluster_environment  # type: ignore[attr-defined]
-    launcher = strategy.launcher  # type: ignore[attr-defined]
     record = {
         "environment": type(environment).__name__,
         "externally": environment.creates_processes_externally,
-        "launcher": None if launcher is None else type(launcher).__name__,
         "strategy": type(strategy).__name__,
         "backend": torch.distributed.get_backend(),
         "world_size": world_size,

@@ -1,10 +1,11 @@
 """The TorchTPU accelerator: the native ``"tpu"`` device (TorchTPU, or the stand-in), for Trainer and Fabric.
 
-A TorchTPU worker sees one chip. Where an outside launcher started the processes (torchrun, Ray
-Train: ``LOCAL_WORLD_SIZE`` is set), the devices of this host are the launcher's processes on it, so
-``devices="auto"`` means ``LOCAL_WORLD_SIZE`` and an explicit count is checked against it; Lightning's
-cluster environment then checks ``devices * num_nodes`` against the launcher's ``WORLD_SIZE``.
-Without an outside launcher the count is ``torch.accelerator.device_count()``.
+A TorchTPU worker sees one chip. Where an outside launcher started the processes, the devices of this
+host are the launcher's processes on it: ``LOCAL_WORLD_SIZE`` (torchrun, Ray Train), or under srun
+(Lightning's ``SLURMEnvironment.detect()``) ``SLURM_NTASKS_PER_NODE``. So ``devices="auto"`` means
+that count and an explicit count is checked against it; Lightning's cluster environment then checks
+``devices * num_nodes`` against the launcher's world size. Without an outside launcher the count is
+``torch.accelerator.device_count()``.
 """
 
 from __future__ import annotations
@@ -23,27 +24,37 @@ from torchtpu_plugins import _device
 
 #: The variable through which torchrun and Ray Train give each worker the number of workers on its host.
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+#: srun's count of tasks on each node (``--ntasks-per-node``), which Lightning's ``SLURMEnvironment`` checks.
+SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
 
 
-def launcher_local_world_size() -> Optional[int]:
-    """The processes an outside launcher started on this host (``LOCAL_WORLD_SIZE``), or ``None`` where unset.
+def launcher_local_world_size() -> Optional[tuple[int, str]]:
+    """(the processes an outside launcher started on this host, the variable read), or ``None`` without one.
+
+    ``LOCAL_WORLD_SIZE`` where set (torchrun, Ray Train), else ``SLURM_NTASKS_PER_NODE`` where
+    Lightning's ``SLURMEnvironment.detect()`` says srun started the processes.
 
     Raises:
-        ValueError: ``LOCAL_WORLD_SIZE`` is not an integer >= 1.
+        ValueError: the variable is not an integer >= 1.
     """
-    value = os.environ.get(LOCAL_WORLD_SIZE)
-    if value is None:
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    name = LOCAL_WORLD_SIZE if LOCAL_WORLD_SIZE in os.environ else None
+    if name is None and SLURMEnvironment.detect() and SLURM_NTASKS_PER_NODE in os.environ:
+        name = SLURM_NTASKS_PER_NODE
+    if name is None:
         return None
+    value = os.environ[name]
     if not value.strip().isdigit() or int(value) < 1:
-        raise ValueError(f"{LOCAL_WORLD_SIZE}={value!r} is not a process count: valid are integers >= 1 (torchrun sets it)")
-    return int(value)
+        raise ValueError(f"{name}={value!r} is not a process count: valid are integers >= 1")
+    return int(value), name
 
 
 def _devices_here() -> tuple[int, str]:
     """(the devices of this host, where that number comes from), see the module's docstring; 0 without a device."""
     launched = launcher_local_world_size()
     if launched is not None and _device.device_count() > 0:
-        return launched, f"the processes the launcher started on this host, {LOCAL_WORLD_SIZE}={launched}"
+        return launched[0], f"the processes the launcher started on this host, {launched[1]}={launched[0]}"
     return _device.device_count(), "the 'tpu' devices torch.accelerator reports"
 
 
@@ -84,8 +95,8 @@ class TorchTPUAccelerator(Accelerator):
     def parse_devices(devices: Union[int, str, list[int]]) -> int:
         """The number of devices of ``devices``: an int >= 1, ``"auto"``/``-1`` (all), or a list of indices.
 
-        All devices are ``LOCAL_WORLD_SIZE`` where an outside launcher sets it (one chip a worker), else
-        ``torch.accelerator.device_count()``.
+        All devices are the outside launcher's processes on this host where one started them (one chip
+        a worker: :func:`launcher_local_world_size`), else ``torch.accelerator.device_count()``.
 
         Raises:
             ValueError: not one of those, or more devices than that count (the message says which it is).
@@ -112,10 +123,11 @@ class TorchTPUAccelerator(Accelerator):
     @staticmethod
     @override
     def auto_device_count() -> int:
-        """``LOCAL_WORLD_SIZE`` under an outside launcher, else ``torch.accelerator.device_count()`` (0: no device).
+        """The outside launcher's processes on this host (:func:`launcher_local_world_size`), else
+        ``torch.accelerator.device_count()`` (0: no device).
 
         Raises:
-            ValueError: ``LOCAL_WORLD_SIZE`` is set but not an integer >= 1.
+            ValueError: the launcher's variable is not an integer >= 1.
         """
         return _devices_here()[0]
 

@@ -18,6 +18,12 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
 
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
 where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
+
+Processes an outside launcher started (torchrun, Ray Train, srun; the cluster environment's
+``creates_processes_externally``) are taken as they are: no process is started, the world size and
+the ranks are the launcher's, and a process group that already exists (Ray Train initialises one
+before the user's function runs) is reused with its own backend, once its world size and this
+process's rank agree with the cluster environment's.
 """
 
 from __future__ import annotations
@@ -42,10 +48,30 @@ def _bound_device() -> torch.device:
 
 
 def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
-    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``."""
-    assert strategy.cluster_environment is not None
+    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``.
+
+    A default process group that exists already is reused, and its backend recorded.
+
+    Raises:
+        RuntimeError: the existing group's world size or this process's rank in it differs from the
+            cluster environment's (the message names both).
+    """
+    environment = strategy.cluster_environment
+    assert environment is not None
+    if torch.distributed.is_initialized():
+        group = (torch.distributed.get_world_size(), torch.distributed.get_rank())
+        expected = (environment.world_size(), environment.global_rank())
+        if group != expected:
+            raise RuntimeError(
+                f"A process group exists already with world size {group[0]} and this process as rank {group[1]},"
+                f" but {type(environment).__name__} gives world size {expected[0]} and rank {expected[1]}."
+                " Destroy the group (torch.distributed.destroy_process_group()) or start the processes so"
+                " that both agree."
+            )
+        strategy._process_group_backend = torch.distributed.get_backend()
+        return
     strategy._process_group_backend = strategy._get_process_group_backend()
-    _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
+    _init_dist_connection(environment, strategy._process_group_backend, timeout=strategy._timeout)
 
 
 def _move_keeping_parameters(module: Module, device: torch.device) -> None:

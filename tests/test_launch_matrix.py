@@ -1,0 +1,268 @@
+"""One Lightning script under every launcher: who starts the processes, their environment, ranks and shards.
+
+tests/scripts/launch_matrix.py (``Trainer(accelerator="tpu", devices="auto", strategy=TPU_DDP,
+num_nodes=N)`` on the TorchTPU stand-in device) runs under plain ``python``, ``torchrun`` (one host x 2,
+one host x 4, two "hosts" x 2 through a static rendezvous) and the variables of srun, a GKE TPU pod
+(``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated: the test starts each host's (or
+each task's) command itself. Each row of :data:`LAUNCHERS` says how a launcher starts the script and
+what every process must report; adding a launcher is one entry. Every address is 127.0.0.1 and gloo
+binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a timeout, and its whole
+process group is killed when it overruns.
+
+The launch table of docs/user-guide.md is checked against :data:`LAUNCHERS`
+(:func:`test_the_guides_launch_table_is_the_matrix`). The in-process tests at the end check the two
+rules the matrix relies on: ``devices="auto"`` from the launcher, and an existing process group reused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from test_torchtpu_distributed import _free_port
+
+pytestmark = pytest.mark.torchtpu
+SCRIPT = str(Path(__file__).parent / "scripts" / "launch_matrix.py")
+GUIDE = Path(__file__).parent.parent / "docs" / "user-guide.md"
+#: The strategy the script names on accelerator="tpu" (Lightning's "ddp" once it means TorchTPU's DDP on "tpu").
+TPU_DDP = "ddp_torchtpu"
+TIMEOUT = 240  # seconds for one launch, all its processes together
+SAMPLES = 64  # the script's dataset
+#: Variables of any launcher, removed from the test's own environment before each launch.
+LAUNCHER_VARIABLES = re.compile(
+    r"(LOCAL_RANK|NODE_RANK|GROUP_RANK|RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|TORCHELASTIC_.*"
+    r"|SLURM_.*|TPU_WORKER_.*|MEGASCALE_.*|JOB_COMPLETION_INDEX|SKYPILOT_.*|TORCHTPU_PLUGINS_DEVICE_COUNT)"
+)
+
+Command = tuple[list[str], dict[str, str]]
+
+
+def _torchrun(hosts: int, per_host: int, port: str) -> list[Command]:
+    """torchrun on every host; two or more hosts meet through a static rendezvous at host 0's agent."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={per_host}"]
+    where = ["--master_addr=127.0.0.1", f"--master_port={port}"]
+    if hosts == 1:
+        return [([*torchrun, *where], {})]
+    return [
+        ([*torchrun, f"--nnodes={hosts}", f"--node_rank={host}", "--rdzv_backend=static", *where], {})
+        for host in range(hosts)
+    ]
+
+
+def _python(hosts: int, per_host: int, port: str) -> list[Command]:
+    """The script alone (one host): Lightning's launcher starts a process per device."""
+    assert hosts == 1, "plain python has no way to tell a host its place"
+    return [([sys.executable], {"TORCHTPU_PLUGINS_DEVICE_COUNT": str(per_host)})]
+
+
+def _srun(hosts: int, per_host: int, port: str) -> list[Command]:
+    """What srun gives each task (``--nodes=hosts --ntasks-per-node=per_host``); one chip a task."""
+    common = {
+        "SLURM_JOB_NAME": "matrix",
+        "SLURM_JOB_ID": "1",
+        "SLURM_NTASKS": str(hosts * per_host),
+        "SLURM_NTASKS_PER_NODE": str(per_host),
+        "SLURM_NNODES": str(hosts),
+        "SLURM_NODELIST": "127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
+    return [
+        (
+            [sys.executable],
+            {
+                **common,
+                "SLURM_PROCID": str(host * per_host + local),
+                "SLURM_LOCALID": str(local),
+                "SLURM_NODEID": str(host),
+            },
+        )
+        for host in range(hosts)
+        for local in range(per_host)
+    ]
+
+
+def _gke(hosts: int, per_host: int, port: str) -> list[Command]:
+    """A GKE TPU pod per host (the TPU webhook's variables), each host's script started by hand."""
+    names = ",".join(["127.0.0.1"] * hosts)
+    return [
+        (
+            [sys.executable],
+            {
+                "TPU_WORKER_ID": str(host),
+                "TPU_WORKER_HOSTNAMES": names,
+                "MASTER_PORT": port,
+                "TORCHTPU_PLUGINS_DEVICE_COUNT": str(per_host),
+            },
+        )
+        for host in range(hosts)
+    ]
+
+
+def _skypilot(hosts: int, per_host: int, port: str) -> list[Command]:
+    """SkyPilot's variables on every node, each node's script started by hand."""
+    ips = "\n".join(["127.0.0.1"] * hosts)
+    return [
+        (
+            [sys.executable],
+            {
+                "SKYPILOT_NODE_RANK": str(host),
+                "SKYPILOT_NODE_IPS": ips,
+                "SKYPILOT_NUM_NODES": str(hosts),
+                "MASTER_PORT": port,
+                "TORCHTPU_PLUGINS_DEVICE_COUNT": str(per_host),
+            },
+        )
+        for host in range(hosts)
+    ]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How a launcher starts the script, and what its processes must report.
+
+    Attributes:
+        commands: (hosts, processes per host, port) -> one (argv before the script, variables) per
+            command the test starts (a host's, or for srun a task's).
+        environment: the cluster environment of each host's first process.
+        started_by: who starts the processes: ``"lightning"`` (Lightning's launcher: each host's other
+            processes are children of its first, with ``LightningEnvironment``), ``"torchrun"``
+            (torchrun's agent: one parent of a host's processes, none of them), ``"scheduler"`` (each
+            process its own command, as srun starts tasks).
+        hosts: the host counts the matrix runs it with.
+    """
+
+    commands: Callable[[int, int, str], list[Command]]
+    environment: str
+    started_by: str
+    hosts: tuple[int, ...]
+
+
+LAUNCHERS = {
+    "python": Launcher(_python, "LightningEnvironment", "lightning", (1,)),
+    "torchrun": Launcher(_torchrun, "TorchElasticEnvironment", "torchrun", (1, 2)),
+    "srun": Launcher(_srun, "SLURMEnvironment", "scheduler", (2,)),
+    "gke": Launcher(_gke, "TPUVMEnvironment", "lightning", (2,)),
+    "skypilot": Launcher(_skypilot, "SkyPilotEnvironment", "lightning", (2,)),
+}
+PER_HOST = 2
+#: The runs every launch of the same world size must equal: one host, no scheduler.
+REFERENCES = {2: ("torchrun", 1, 2), 4: ("torchrun", 1, 4)}
+
+
+@cache
+def _launch(
+    name: str, hosts: int, per_host: int, api: str = "trainer", accelerator: str = "tpu", devices: str = "auto"
+) -> tuple[tuple[dict, ...], tuple[int, ...]]:
+    """Run the script as launcher ``name`` starts it on ``hosts`` x ``per_host`` (cached for the session).
+
+    Returns:
+        Every rank's record, by global rank, and the process id of each command the test started.
+    """
+    strategy = TPU_DDP if accelerator == "tpu" else "ddp"
+    base = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
+    base.update(TORCHTPU_PLUGINS_DEVICE="cpu", GLOO_SOCKET_IFNAME="lo")
+    output = tempfile.mkdtemp(prefix=f"launch-{name}-")
+    args = [SCRIPT, api, accelerator, devices, strategy, str(hosts), output]
+    processes: list[subprocess.Popen] = []
+    try:
+        for index, (argv, variables) in enumerate(LAUNCHERS[name].commands(hosts, per_host, _free_port())):
+            with open(os.path.join(output, f"command-{index}.log"), "w") as log:
+                processes.append(
+                    subprocess.Popen(
+                        [*argv, *args], env={**base, **variables}, stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        for process in processes:
+            process.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    try:
+        for index, process in enumerate(processes):
+            text = Path(output, f"command-{index}.log").read_text()
+            assert process.returncode == 0, f"{name}: {process.args} exited {process.returncode}:\n{text[-4000:]}"
+        records = tuple(torch.load(Path(output, f"rank-{r}.pt"), weights_only=False) for r in range(hosts * per_host))
+    finally:
+        shutil.rmtree(output)
+    return records, tuple(process.pid for process in processes)
+
+
+MATRIX = [(name, hosts) for name, launcher in LAUNCHERS.items() for hosts in launcher.hosts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "hosts"), MATRIX, ids=[f"{name}-{hosts}x{PER_HOST}" for name, hosts in MATRIX])
+def test_launch(name, hosts):
+    launcher = LAUNCHERS[name]
+    records, commands = _launch(name, hosts, PER_HOST)
+    world = hosts * PER_HOST
+    assert [r["global_rank"] for r in records] == list(range(world))
+    assert {r["world_size"] for r in records} == {world}
+    assert [r["local_rank"] for r in records] == [rank % PER_HOST for rank in range(world)]
+    assert [r["node_rank"] for r in records] == [rank // PER_HOST for rank in range(world)]
+    assert {(r["strategy"], r["backend"]) for r in records} == {("TorchTPUDDPStrategy", "tpu_dist")}
+    assert {frozenset(r["devices"]) for r in records} == {frozenset({"tpu"})}
+    # the environment, and who started each host's processes
+    for host in range(hosts):
+        first, *others = records[host * PER_HOST : (host + 1) * PER_HOST]
+        assert first["environment"] == launcher.environment
+        if launcher.started_by == "lightning":  # the host's command is its first process, which starts the others
+            assert first["pid"] == commands[host]
+            assert [(r["environment"], r["ppid"]) for r in others] == [("LightningEnvironment", first["pid"])] * len(others)
+        else:
+            assert [r["environment"] for r in others] == [launcher.environment] * len(others)
+            assert all(r["externally"] for r in (first, *others))
+    if launcher.started_by == "torchrun":  # each host's agent (its command) is the parent of the host's processes
+        assert [r["ppid"] for r in records] == [commands[rank // PER_HOST] for rank in range(world)]
+    if launcher.started_by == "scheduler":  # every process is a command of its own
+        assert [r["pid"] for r in records] == list(commands)
+    # the samplers' shards: disjoint, and together the dataset
+    shards = [set(r["indices"]) for r in records]
+    assert sum(len(shard) for shard in shards) == SAMPLES
+    assert set().union(*shards) == set(range(SAMPLES))
+    # the same result as one host of the same world size under torchrun
+    reference, _ = _launch(*REFERENCES[world])
+    _assert_same_training(records[0], reference[0])
+
+
+def _assert_same_training(run: dict, reference: dict) -> None:
+    """Rank 0's shard, losses and final parameters equal the reference's (within 1e-5)."""
+    assert run["indices"] == reference["indices"]
+    assert len(run["losses"]) == len(reference["losses"]) > 0
+    assert run["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    assert run["state"].keys() == reference["state"].keys()
+    for key, value in reference["state"].items():
+        torch.testing.assert_close(run["state"][key], value, rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("api", ["trainer", "fabric"])
+def test_torchrun_on_tpu_equals_torchrun_cpu_ddp_on_gloo(api):
+    """torchrun --nproc_per_node=2 of devices="auto" on "tpu": torchrun's ranks, no process started, CPU DDP's result."""
+    tpu, _ = _launch("torchrun", 1, 2, api)
+    cpu, _ = _launch("torchrun", 1, 2, api, "cpu", "2")  # Lightning's CPU accelerator takes "auto" as 1 process
+    for run, backend in ((tpu, "tpu_dist"), (cpu, "gloo")):
+        assert [(r["environment"], r["externally"], r["world_size"]) for r in run] == [
+            ("TorchElasticEnvironment", True, 2)
+        ] * 2
+        assert [r["global_rank"] for r in run] == [0, 1]
+        assert {r["backend"] for r in run} == {backend}
+    assert {frozenset(r["devices"]) for r in tpu} == {frozenset({"tpu"})}
+    assert tpu[0]["strategy"] == ("TorchTPUDDPStrategy" if api == "trainer" else "FabricTorchTPUDDPStrategy")
+    _assert_same_training(tpu[0], cpu[0])
