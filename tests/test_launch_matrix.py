@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from test_torchtpu_distributed import _free_port
+from torch.utils.data import DataLoader, TensorDataset
 
 pytestmark = pytest.mark.torchtpu
 SCRIPT = str(Path(__file__).parent / "scripts" / "launch_matrix.py")
@@ -266,3 +268,93 @@ def test_torchrun_on_tpu_equals_torchrun_cpu_ddp_on_gloo(api):
     assert {frozenset(r["devices"]) for r in tpu} == {frozenset({"tpu"})}
     assert tpu[0]["strategy"] == ("TorchTPUDDPStrategy" if api == "trainer" else "FabricTorchTPUDDPStrategy")
     _assert_same_training(tpu[0], cpu[0])
+
+
+# --- in process: the rules the matrix relies on ------------------------------------------------
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    """A clean slate of launcher variables (monkeypatch puts each back after the test)."""
+    for name in [name for name in os.environ if LAUNCHER_VARIABLES.fullmatch(name)]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_devices_auto_is_the_launchers_processes_on_this_host(no_launcher):
+    from torchtpu_plugins.accelerator import TorchTPUAccelerator
+
+    chips = torch.accelerator.device_count()
+    assert TorchTPUAccelerator.auto_device_count() == chips  # no launcher: the chips this process sees
+    no_launcher.setenv("LOCAL_WORLD_SIZE", str(chips + 2))  # torchrun, Ray Train
+    assert TorchTPUAccelerator.auto_device_count() == chips + 2
+    assert TorchTPUAccelerator.parse_devices("auto") == TorchTPUAccelerator.parse_devices(chips + 2) == chips + 2
+    with pytest.raises(ValueError, match=rf"valid are 1 to {chips + 2} .*LOCAL_WORLD_SIZE={chips + 2}"):
+        TorchTPUAccelerator.parse_devices(chips + 3)
+    no_launcher.setenv("LOCAL_WORLD_SIZE", "0")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='0' is not a process count"):
+        TorchTPUAccelerator.auto_device_count()
+    no_launcher.delenv("LOCAL_WORLD_SIZE")
+    # srun: the tasks of this node, where Lightning's SLURMEnvironment detects srun
+    for name, value in {"SLURM_NTASKS": "6", "SLURM_NTASKS_PER_NODE": "3", "SLURM_JOB_NAME": "train"}.items():
+        no_launcher.setenv(name, value)
+    assert TorchTPUAccelerator.auto_device_count() == 3
+    no_launcher.setenv("SLURM_JOB_NAME", "interactive")  # an salloc shell: Lightning's own launcher runs
+    assert TorchTPUAccelerator.auto_device_count() == chips
+
+
+class _Steps(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _torchrun_variables(monkeypatch: pytest.MonkeyPatch, world_size: int) -> None:
+    """What torchrun gives the only process of a one-process job of ``world_size`` (a lie where it is not 1)."""
+    variables = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": str(world_size)}
+    variables.update(LOCAL_WORLD_SIZE=str(world_size), TORCHELASTIC_RUN_ID="test", MASTER_ADDR="127.0.0.1")
+    variables.update(MASTER_PORT=_free_port())
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def existing_group(no_launcher):
+    """A one-process "tpu_dist" group started before Lightning (as Ray Train does), destroyed after the test."""
+    _torchrun_variables(no_launcher, 1)
+    torch.distributed.init_process_group("tpu_dist", rank=0, world_size=1)
+    group = torch.distributed.distributed_c10d._get_default_group()
+    yield group
+    torch.distributed.destroy_process_group()
+
+
+def _fit(strategy: object) -> L.Trainer:
+    trainer = L.Trainer(
+        accelerator="tpu", devices="auto", strategy=strategy, max_steps=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(_Steps(), DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
+    return trainer
+
+
+def test_an_existing_process_group_is_reused_with_its_backend(existing_group):
+    from torchtpu_plugins.strategies import TorchTPUDDPStrategy
+
+    # the strategy is told "gloo", but the group that exists is "tpu_dist": that one is used, and said
+    trainer = _fit(TorchTPUDDPStrategy(process_group_backend="gloo"))
+    assert torch.distributed.distributed_c10d._get_default_group() is existing_group
+    assert trainer.strategy._process_group_backend == "tpu_dist"
+    assert type(trainer.strategy.cluster_environment).__name__ == "TorchElasticEnvironment"
+
+
+def test_an_existing_process_group_of_another_world_size_is_refused(existing_group, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="world size 1 and this process as rank 0, but TorchElasticEnvironment"):
+        _fit(TPU_DDP)
