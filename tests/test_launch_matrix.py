@@ -254,6 +254,7 @@ def _assert_same_training(run: dict, reference: dict) -> None:
         torch.testing.assert_close(run["state"][key], value, rtol=0, atol=1e-5, msg=key)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 def test_torchrun_on_tpu_equals_torchrun_cpu_ddp_on_gloo(api):
     """torchrun --nproc_per_node=2 of devices="auto" on "tpu": torchrun's ranks, no process started, CPU DDP's result."""
