@@ -359,3 +359,21 @@ def test_an_existing_process_group_of_another_world_size_is_refused(existing_gro
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="world size 1 and this process as rank 0, but TorchElasticEnvironment"):
         _fit(TPU_DDP)
+
+
+WHO = {"lightning": "Lightning's launcher", "torchrun": "torchrun's agent", "scheduler": "the scheduler"}
+
+
+def test_the_guides_launch_table_is_the_matrix():
+    """Each row of docs/user-guide.md's launch table states what the matrix asserts for its launcher."""
+    text = GUIDE.read_text()
+    table = text[text.index("<!-- the rows below are checked against LAUNCHERS") :].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells
+    assert rows.keys() == LAUNCHERS.keys()
+    for name, launcher in LAUNCHERS.items():
+        assert rows[name][2] == f"`{launcher.environment}`", name
+        assert rows[name][3].startswith(WHO[launcher.started_by]), name
