@@ -183,7 +183,10 @@ def _launch(
             with open(os.path.join(output, f"command-{index}.log"), "w") as log:
                 processes.append(
                     subprocess.Popen(
-                        [*argv, *args], env={**base, **variables}, stdout=log, stderr=subprocess.STDOUT,
+                        [*argv, *args],
+                        env={**base, **variables},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
                 )
@@ -227,7 +230,8 @@ def test_launch(name, hosts):
         assert first["environment"] == launcher.environment
         if launcher.started_by == "lightning":  # the host's command is its first process, which starts the others
             assert first["pid"] == commands[host]
-            assert [(r["environment"], r["ppid"]) for r in others] == [("LightningEnvironment", first["pid"])] * len(others)
+            children = [("LightningEnvironment", first["pid"])] * len(others)
+            assert [(r["environment"], r["ppid"]) for r in others] == children
         else:
             assert [r["environment"] for r in others] == [launcher.environment] * len(others)
             assert all(r["externally"] for r in (first, *others))
@@ -257,7 +261,7 @@ def _assert_same_training(run: dict, reference: dict) -> None:
 @pytest.mark.subprocess
 @pytest.mark.parametrize("api", ["trainer", "fabric"])
 def test_torchrun_on_tpu_equals_torchrun_cpu_ddp_on_gloo(api):
-    """torchrun --nproc_per_node=2 of devices="auto" on "tpu": torchrun's ranks, no process started, CPU DDP's result."""
+    """torchrun --nproc_per_node=2, devices="auto" on "tpu": torchrun's ranks, no process started, CPU DDP's result."""
     tpu, _ = _launch("torchrun", 1, 2, api)
     cpu, _ = _launch("torchrun", 1, 2, api, "cpu", "2")  # Lightning's CPU accelerator takes "auto" as 1 process
     for run, backend in ((tpu, "tpu_dist"), (cpu, "gloo")):
@@ -337,8 +341,14 @@ def existing_group(no_launcher):
 
 def _fit(strategy: object) -> L.Trainer:
     trainer = L.Trainer(
-        accelerator="tpu", devices="auto", strategy=strategy, max_steps=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="tpu",
+        devices="auto",
+        strategy=strategy,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(_Steps(), DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
     return trainer

@@ -9,9 +9,10 @@ which rank each has. (Lightning's CPU accelerator takes ``devices="auto"`` as 1 
 any launcher, so a CPU reference run names its count.)
 
 Every process writes ``OUTPUT_DIR/rank-<global rank>.pt``: the cluster environment's class, whether
-it says the processes were created outside Lightning, world size, global, local and node rank, the sample indices of its batches
-(its sampler's shard), its per-step losses, the final parameters (CPU copies), the device types of
-the parameters during the fit, the process-group backend, and this process's and its parent's ids.
+it says the processes were created outside Lightning, world size, global, local and node rank, the
+sample indices of its batches (its sampler's shard), its per-step losses, the final parameters (CPU
+copies), the device types of the parameters during the fit, the process-group backend, and this
+process's and its parent's ids.
 """
 
 from __future__ import annotations

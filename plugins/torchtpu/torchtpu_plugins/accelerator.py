@@ -21,7 +21,6 @@ from typing_extensions import override
 
 from torchtpu_plugins import _device
 
-
 #: The variable through which torchrun and Ray Train give each worker the number of workers on its host.
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 #: srun's count of tasks on each node (``--ntasks-per-node``), which Lightning's ``SLURMEnvironment`` checks.
