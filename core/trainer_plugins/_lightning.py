@@ -187,7 +187,7 @@ class _PluginConnectorMixin:
         _log_table(explanation)
 
     def _apply_launch_environment(self) -> None:
-        """The pre-start environment (:mod:`trainer_plugins._launch_environment`): before any launcher starts a worker."""
+        """The pre-start environment (:mod:`trainer_plugins._launch_environment`), before a launcher starts workers."""
         environment = getattr(self.strategy, "cluster_environment", None)
         self.plugin_connector.apply_launch_environment(
             self.accelerator,

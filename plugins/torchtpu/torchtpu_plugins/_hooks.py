@@ -128,7 +128,7 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
 def trainer_plugins_launch_environment(
     accelerator: Any, strategy: Any, num_nodes: int, processes_per_node: int, started_externally: bool, api: str
 ) -> Optional[dict[str, str]]:
-    """TorchTPU's job-wide variables (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ``TORCH_TPU_TOPOLOGY``, ...), by torch-tpu's rule.
+    """TorchTPU's job-wide variables (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ...), by torch-tpu's rule.
 
     See :func:`torchtpu_plugins._launch_env.for_run`; the core sets only those still unset.
     """

@@ -55,7 +55,7 @@ def tpu_chips() -> list[str]:
 
 
 def host_topology(chips: list[str], count: Optional[int] = None) -> Optional[str]:
-    """``TORCH_TPU_TOPOLOGY`` for ``count`` chips (default: all) of the generation of ``chips``, or ``None`` without chips.
+    """``TORCH_TPU_TOPOLOGY`` for ``count`` chips (default: all) of the generation of ``chips`` (``None``: no chips).
 
     Raises:
         ValueError: the generation has no single-host layout of ``count`` chips (the message lists them).
