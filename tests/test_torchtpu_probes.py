@@ -145,7 +145,13 @@ def test_doctor_shows_the_torchtpu_rows_and_who_serves_tpu(cut_off, tmp_path):
     assert rows["torch-tpu"] == "0.2.0" and rows["libtpu"] == version("libtpu")
     assert rows["torch pair"] == f"torch {torch_version} within torch-tpu's torch<=2.15.0,>=2.11.0"
     assert rows["TPU chips seen"] == "0 (no PCI device of vendor 0x1ae0 with its /dev/vfio group)"
-    assert rows["set before `import torch`"] == "TORCH_DEVICE_BACKEND_AUTOLOAD=1, TORCHTPU_PLUGINS_DEVICE unset"
+    assert (
+        rows["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "1"
+        and rows["stand-in device"] == "off (TORCHTPU_PLUGINS_DEVICE unset)"
+    )
+    assert rows["set before `import torch`"] == (
+        "TORCH_DEVICE_BACKEND_AUTOLOAD, TORCHTPU_PLUGINS_DEVICE (read once, when torch loads its backends)"
+    )
     assert rows["set before the workers start"].startswith("TORCH_TPU_SLICEBUILDER_ADDRESSES unset")
     assert rows["available"] == "no" and "this host has no TPU chip" in rows["'tpu' devices"]
     assert report["availability"]["torchtpu"] == "not available"

@@ -45,13 +45,14 @@ def describe() -> dict[str, object]:
     info: dict[str, object] = {
         "torch-tpu": torch_tpu,
         "libtpu": _version_or("libtpu"),
+        "torch": _version_or("torch"),
         "torch pair": torch_pair(),
         "TPU chips seen": f"{len(chips)} x {chips[0]}"
         if chips
         else f"0 (no PCI device of vendor {_pci.TPU_PCI_VENDOR} with its /dev/vfio group)",
-        "set before `import torch`": ", ".join(
-            f"{name}={os.environ[name]}" if name in os.environ else f"{name} unset" for name in BEFORE_IMPORT_TORCH
-        ),
+        # read once by torch at `import torch`: set it before, or not at all
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "unset (backends load)"),
+        "set before `import torch`": f"{', '.join(BEFORE_IMPORT_TORCH)} (read once, when torch loads its backends)",
         "set before the workers start": ", ".join(
             f"{name}={os.environ[name]!r}" if name in os.environ else f"{name} unset (derived when a run starts)"
             for name in _launch_env.WORKER_VARIABLES
