@@ -360,7 +360,7 @@ class Connector:
             api=self.api,
         )
         done = apply(answers, os.environ)
-        if answers:
+        if done.set or done.kept:
             who = ", ".join(sorted({record.label for record, _ in answers}))
             self.note("launch_environment", done.describe(), who, "variables its workers need before they start")
         return done

@@ -37,7 +37,7 @@ class LaunchEnvironment:
         parts = [f"set {', '.join(sorted(self.set))}"] if self.set else []
         if self.kept:
             parts.append(f"kept as set before {', '.join(sorted(self.kept))}")
-        return "; ".join(parts) or "nothing asked"
+        return "; ".join(parts)
 
 
 def apply(
