@@ -36,7 +36,9 @@ def describe() -> dict[str, object]:
     ``import torch`` and by the workers' launch, whether the stand-in is on, and the ``"tpu"`` devices torch reports.
 
     Reads files, package metadata and ``torch.accelerator`` only (never the legacy ``torch.tpu.*``, never a
-    tensor): no device starts, nothing goes to the network.
+    tensor). Without a registered ``"tpu"`` device nothing starts and nothing goes to the network
+    (tests/test_torchtpu_probes.py); with one, ``torch.accelerator.device_count()`` may start TorchTPU's
+    runtime (not verified on TPU).
     """
     torch_tpu = _version_or("torch-tpu")
     if torch_tpu != "not installed" and not _launch_env.torch_tpu_installed():
