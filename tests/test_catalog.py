@@ -111,3 +111,26 @@ def test_two_plugins_both_declaring_override_are_reported_as_such():
         "strategy 'npu_ddp' is claimed by a (a-dist 1.0), b (b-dist 1.0); a (a-dist 1.0) and b (b-dist 1.0) all"
         " declared override=True, so none wins and the name is unusable"
     )
+
+
+def test_a_name_two_backends_take_says_how_to_pick_each_and_one_won_needs_no_advice():
+    # xla-plugins and torchtpu-plugins both take Lightning's "tpu", each under a name of its own too
+    def backend(own: str):
+        return make_plugin(
+            accelerators=lambda: [AcceleratorEntry(own, trainer=f"{own}:A", aliases=("tpu",), override=True)]
+        )
+
+    with pytest.warns(PluginWarning):
+        catalog = catalog_with(("xla", backend("xla")), ("torchtpu", backend("torchtpu")))
+    (tpu,) = [conflict for conflict in catalog.conflicts if conflict.name == "tpu"]
+    how = (
+        "'tpu' serves none of them; for torchtpu (torchtpu-dist 1.0): accelerator='torchtpu', or"
+        " TRAINER_PLUGINS_BLOCK=xla-dist; for xla (xla-dist 1.0): accelerator='xla', or"
+        " TRAINER_PLUGINS_BLOCK=torchtpu-dist"
+    )
+    assert tpu.settle() == how
+    with pytest.raises(PluginConflictError) as raised:
+        catalog.find("accelerator", "tpu")
+    assert str(raised.value).endswith(f"unusable. {how}.")
+    won = catalog_with(("xla", backend("xla")))
+    assert [conflict.settle() for conflict in won.conflicts] == [""]  # xla overrides Lightning's "tpu": it serves it

@@ -106,7 +106,9 @@ def check_json(command: str, document, blocked: tuple[str, ...] = ()) -> None:
         tpu = [conflict for conflict in document["conflicts"] if conflict.startswith("accelerator 'tpu'")]
         assert tpu == ([] if "xla" in blocked else [f"accelerator 'tpu' is claimed by {LIGHTNING}, {XLA}; {XLA} wins"])
     elif command == "doctor":
-        assert set(document) == {"backends", "availability", "quarantined", "side effects"}
+        assert set(document) == {"backends", "availability", "conflicts", "quarantined", "side effects"}
+        # which plugin serves Lightning's accelerator name "tpu"
+        assert document["conflicts"] == ({} if "xla" in blocked else {"accelerator 'tpu'": f"{XLA} serves it"})
         assert document["backends"][LIGHTNING]["lightning"] == version("lightning")
         if "xla" in blocked:
             assert XLA not in document["backends"]

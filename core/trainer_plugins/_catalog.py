@@ -117,6 +117,23 @@ class Conflict:
             )
         return f"{self.role} {self.name!r} is claimed by {who}; {self.winner.plugin.label} wins"
 
+    def settle(self) -> str:
+        """How to pick one plugin for a name nobody wins ('' when one wins): its own name, or block the others.
+
+        For each plugin claimant: ``role='its other name'`` selects it for one run, and
+        ``TRAINER_PLUGINS_BLOCK`` naming every other claimant's distribution gives it the name.
+        """
+        plugins = [claim for claim in self.claims if not claim.builtin]
+        if self.winner is not None or len({claim.plugin.name for claim in plugins}) < 2:
+            return ""
+        ways = []
+        for claim in plugins:
+            others = [c.plugin.distribution or c.plugin.name for c in plugins if c.plugin.name != claim.plugin.name]
+            own = [name for name in claim.entry.names if name != self.name]
+            pick = f"{self.role}={own[0]!r}, or " if own else ""
+            ways.append(f"for {claim.plugin.label}: {pick}TRAINER_PLUGINS_BLOCK={','.join(sorted(others))}")
+        return f"{self.name!r} serves none of them; " + "; ".join(ways)
+
 
 @dataclass
 class Catalog:
@@ -206,10 +223,10 @@ class Catalog:
         if claim is None:
             for conflict in self.conflicts:
                 if conflict.role == role and conflict.name == name and conflict.winner is None:
-                    raise PluginConflictError(
-                        f"{conflict.describe()}. Block one of them (TRAINER_PLUGINS_BLOCK) or ask its author to"
-                        " rename it."
+                    how = (
+                        conflict.settle() or "Block one of them (TRAINER_PLUGINS_BLOCK) or ask its author to rename it"
                     )
+                    raise PluginConflictError(f"{conflict.describe()}. {how}.")
         return claim
 
     def _claims_by_class(self, role: str, api: str) -> dict[type, list[Claim]]:

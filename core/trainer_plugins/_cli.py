@@ -119,7 +119,19 @@ def _doctor(catalog: Catalog) -> dict[str, Any]:
             note["changed os.environ at import"] = describe_changes(record.environ_changes)
         if note:
             notes[record.label] = note
-    return {"backends": report, "availability": _availability(catalog), "quarantined": broken, "side effects": notes}
+    conflicts = {
+        f"{conflict.role} {conflict.name!r}": conflict.settle()
+        or (f"{conflict.winner.plugin.label} serves it" if conflict.winner else conflict.describe())
+        for conflict in catalog.conflicts
+        if conflict.role == "accelerator" or conflict.winner is None
+    }
+    return {
+        "backends": report,
+        "availability": _availability(catalog),
+        "conflicts": conflicts,
+        "quarantined": broken,
+        "side effects": notes,
+    }
 
 
 def _explain(args: argparse.Namespace) -> Any:
@@ -293,6 +305,10 @@ def _run(args: argparse.Namespace, started: float) -> int:
         print('accelerator="auto" candidates')
         for name, state in report["availability"].items():
             print(f"    {name}: {state}")
+        if report["conflicts"]:
+            print("names claimed by several plugins")
+            for name, outcome in report["conflicts"].items():
+                print(f"    {name}: {outcome}")
         for label, reason in report["quarantined"].items():
             print(f"{label}\n    quarantined: {reason}")
         for label, note in report["side effects"].items():

@@ -9,6 +9,7 @@ business, and whether it is distributed :mod:`trainer_plugins._is_distributed`'s
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any, Optional, Union
 
@@ -20,9 +21,11 @@ from trainer_plugins._controls import PIN_VARIABLES, read_pins
 from trainer_plugins._entries import APIS
 from trainer_plugins._errors import PluginError
 from trainer_plugins._explanation import Explanation, describe
+from trainer_plugins._launch_environment import LaunchEnvironment, apply
 from trainer_plugins._names import plugin_claim
 from trainer_plugins._pins import pinned_environment, pinned_name
 from trainer_plugins._records import BUILTIN_PLUGIN, Run
+from trainer_plugins._spec_checks import LAUNCH_ENVIRONMENT_HOOK
 from trainer_plugins._standalone import PACKAGES, resolve_in
 
 #: Lightning's import root for each api.
@@ -331,6 +334,36 @@ class Connector:
         record, plugin = answer
         self.note("precision", plugin, record.label, f"handles precision={precision_input or precision!r}")
         return plugin
+
+    # --- the pre-start environment ---------------------------------------------------------------
+
+    def apply_launch_environment(
+        self, accelerator: Any, strategy: Any, num_nodes: int, processes_per_node: int, started_externally: bool
+    ) -> LaunchEnvironment:
+        """Set the variables the plugins of the pair name for the run's workers, where they are unset.
+
+        Asks ``trainer_plugins_launch_environment`` of the plugins the accelerator or the strategy
+        belongs to; never changes a variable already set (:mod:`trainer_plugins._launch_environment`).
+
+        Raises:
+            ValueError: a plugin cannot derive its variables from this layout (its message says why).
+        """
+        answers = self.catalog.manager.call_each(
+            LAUNCH_ENVIRONMENT_HOOK,
+            self._owners(accelerator=accelerator, strategy=strategy),
+            self.run,
+            accelerator=accelerator,
+            strategy=strategy,
+            num_nodes=num_nodes,
+            processes_per_node=processes_per_node,
+            started_externally=started_externally,
+            api=self.api,
+        )
+        done = apply(answers, os.environ)
+        if done.set or done.kept:
+            who = ", ".join(sorted({record.label for record, _ in answers}))
+            self.note("launch_environment", done.describe(), who, "variables its workers need before they start")
+        return done
 
     # --- is_distributed -------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ them):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 import pluggy
@@ -37,8 +37,8 @@ PROJECT_NAME = "trainer_plugins"
 #: Compatibility: an added hook or an added optional argument raises the minor version (a plugin
 #: written for ``1.0`` works unchanged; one using the addition declares ``>=1.1``); a removed or
 #: changed hook, argument or answer raises the major version. 1.1 added
-#: :func:`trainer_plugins_accept_lightning_refusal`.
-HOOKSPEC_VERSION = "1.1"
+#: :func:`trainer_plugins_accept_lightning_refusal`; 1.2 :func:`trainer_plugins_launch_environment`.
+HOOKSPEC_VERSION = "1.2"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -163,6 +163,38 @@ def trainer_plugins_accept_lightning_refusal(
         the accelerator or the strategy belong to count: the run goes on when one of them says
         ``True`` and none says ``False``. Accept only the refusal of Lightning's last check, as
         what follows the statement that raised is skipped.
+    """
+
+
+@hookspec
+def trainer_plugins_launch_environment(
+    accelerator: Any, strategy: Any, num_nodes: int, processes_per_node: int, started_externally: bool, api: str
+) -> Optional[Mapping[str, str]]:
+    """Name the job-wide environment variables every worker of this run needs before any worker starts (API 1.2).
+
+    Called once per ``Trainer``/``Fabric`` in every process, when the run's strategy is built and
+    before a launcher starts a worker (Lightning's launchers start them in ``fit``/``launch``). The
+    core sets each returned variable that is not set yet in ``os.environ``, so the workers our
+    launcher starts inherit them, and a worker an outside launcher (torchrun, Ray, a scheduler)
+    started without them gets them before its device starts. A variable already set, by the user,
+    the engine or a parent process, is never changed. Read ``os.environ``; never write it.
+
+    Args:
+        accelerator: the Lightning ``Accelerator`` instance of the run.
+        strategy: the Lightning ``Strategy`` instance of the run.
+        num_nodes: hosts of the run (``Trainer(num_nodes=...)``), >= 1.
+        processes_per_node: worker processes on each host (the devices of the run on this host), >= 1.
+        started_externally: whether an outside launcher started this process (the cluster
+            environment's ``creates_processes_externally``): values must then come out identical in
+            every worker, as nothing runs before them.
+        api: ``"trainer"`` or ``"fabric"``.
+
+    Returns:
+        ``{name: value}`` (strings), or ``None`` when neither object is this plugin's.
+
+    Raises:
+        ValueError: the layout cannot be derived (missing or contradictory variables); the message
+            names them and what to set.
     """
 
 

@@ -178,11 +178,24 @@ class _PluginConnectorMixin:
             if not self.plugin_connector.accepts_lightning_refusal(error, self.accelerator, self.strategy):
                 raise
         self.plugin_connector.explain_is_distributed(self.strategy)
+        if not _EXPLAINING.get():
+            self._apply_launch_environment()
         explanation = self.plugin_connector.explanation
         line = self.plugin_connector.startup_line()
         if line is not None and not _EXPLAINING.get():
             rank_zero_info(line)
         _log_table(explanation)
+
+    def _apply_launch_environment(self) -> None:
+        """The pre-start environment (:mod:`trainer_plugins._launch_environment`), before a launcher starts workers."""
+        environment = getattr(self.strategy, "cluster_environment", None)
+        self.plugin_connector.apply_launch_environment(
+            self.accelerator,
+            self.strategy,
+            num_nodes=max(1, int(self._num_nodes_flag)),
+            processes_per_node=max(1, len(self._parallel_devices)),
+            started_externally=bool(environment is not None and environment.creates_processes_externally),
+        )
 
     @property
     def is_distributed(self) -> bool:

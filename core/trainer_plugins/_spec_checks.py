@@ -63,7 +63,11 @@ _ARGUMENT_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "num_nodes": (lambda value: isinstance(value, int) and value >= 1, "an int >= 1"),
     "parallel_devices": (lambda value: isinstance(value, list), "a list"),
     "precision": (lambda value: isinstance(value, str), "a str"),
+    "processes_per_node": (lambda value: isinstance(value, int) and value >= 1, "an int >= 1"),
+    "started_externally": (lambda value: isinstance(value, bool), "a bool"),
 }
+#: The pre-start environment hook: its answer maps variable names to values, all strings.
+LAUNCH_ENVIRONMENT_HOOK = "trainer_plugins_launch_environment"
 
 
 def check_arguments(hook_name: str, kwargs: Mapping[str, Any]) -> None:
@@ -104,6 +108,11 @@ def wrong_kind(hook_name: str, result: Any, api: Any) -> str:
         return f"a list holding {_kind(wrong[0])}; expected a list of {expected.__name__}" if wrong else ""
     if hook_name in BOOLEAN_HOOKS:
         return "" if isinstance(result, bool) else f"{_kind(result)}; expected True, False or None"
+    if hook_name == LAUNCH_ENVIRONMENT_HOOK:
+        if not isinstance(result, Mapping):
+            return f"{_kind(result)}; expected a dict of str to str or None"
+        wrong = [(k, v) for k, v in result.items() if not (isinstance(k, str) and k and isinstance(v, str))]
+        return f"a dict holding {wrong[0]!r}; expected non-empty str names and str values" if wrong else ""
     if hook_name == "trainer_plugins_doctor":
         return "" if isinstance(result, Mapping) else f"{_kind(result)}; expected a dict or None"
     if hook_name in _DECISION_KINDS and api in APIS:

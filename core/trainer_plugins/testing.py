@@ -11,7 +11,8 @@ Every ``test_*`` method below then runs against the installed plugin: it loads w
 hookspec API; its hook implementations match the specification; every declared class imports and
 subclasses the Lightning base of its role; its names are unique and take no Lightning or other
 plugin's name without ``override=True``; its declarations and probes import no device runtime and
-change no environment variable; loading it twice changes nothing.
+change no environment variable; its pre-start environment hook, if any, answers only for its own
+runs and writes no variable; loading it twice changes nothing.
 
 The fixtures ``trainer_plugins_manager`` and ``trainer_plugins_catalog`` (a freshly discovered
 plugin set, independent of the process-wide one) are available to any test. Importing this module
@@ -21,6 +22,7 @@ imports neither torch nor Lightning.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -148,6 +150,38 @@ class PluginConformance:
         assert report["imported"] == [], f"declarations or probes imported {report['imported']}"
         assert report["environment_changed"] == [], f"declarations or probes changed {report['environment_changed']}"
         assert all(first == second for first, second in report["answers"]), "a probe answered differently twice"
+
+    def test_launch_environment_is_for_its_own_runs_and_writes_no_variable(
+        self, trainer_plugins_manager: Any, record: Any
+    ) -> None:
+        """The pre-start environment hook answers ``None`` for Lightning's CPU run and leaves ``os.environ`` alone.
+
+        The core sets what the hook returns, and only where unset; a hook writing ``os.environ`` itself
+        would overwrite what the user or the engine set.
+        """
+        if not hasattr(record.plugin, "trainer_plugins_launch_environment"):
+            pytest.skip("the plugin names no launch environment (trainer_plugins_launch_environment)")
+        import torch
+        from lightning.pytorch.accelerators import CPUAccelerator
+        from lightning.pytorch.strategies import SingleDeviceStrategy
+
+        before = dict(os.environ)
+        answers = trainer_plugins_manager.call_each(
+            "trainer_plugins_launch_environment",
+            frozenset({"lightning"}),
+            accelerator=CPUAccelerator(),
+            strategy=SingleDeviceStrategy(torch.device("cpu")),
+            num_nodes=1,
+            processes_per_node=1,
+            started_externally=False,
+            api="trainer",
+        )
+        changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+        os.environ.clear()
+        os.environ.update(before)
+        assert changed == [], f"trainer_plugins_launch_environment wrote {changed} into os.environ"
+        ours = [answer for owner, answer in answers if owner.name == self.plugin]
+        assert ours == [], f"trainer_plugins_launch_environment answered {ours[0]!r} for Lightning's CPU run"
 
     def test_loading_twice_changes_nothing(self, trainer_plugins_manager: Any, record: Any) -> None:
         from trainer_plugins import Catalog

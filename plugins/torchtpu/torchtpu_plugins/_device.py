@@ -9,36 +9,21 @@ tensor, so no probe initialises libtpu (which, without a TPU, queries the cloud 
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
 import sys
 from typing import Optional
 
 #: The device type TorchTPU gives PrivateUse1.
 DEVICE_TYPE = "tpu"
-#: The PCI vendor id of Google's TPU chips, which TorchTPU looks for (with a ``/dev/vfio`` group) before it starts.
-TPU_PCI_VENDOR = "0x1ae0"
-
-
-def _tpu_attached() -> bool:
-    """Whether a TPU chip is on this host's PCI bus and a VFIO group exists (files only, nothing starts)."""
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(path) as file:
-                if file.read().strip() == TPU_PCI_VENDOR:
-                    return bool(glob.glob("/dev/vfio/[0-9]*"))
-        except OSError:
-            continue
-    return False
 
 
 def probably_available() -> bool:
     """Whether a ``"tpu"`` device can run here, answered without importing torch when it is not imported yet.
 
     With torch imported, the answer of :func:`unavailable_reason`. Before (``trainer-plugins list``, a probe
-    run in a fresh process), from files: the stand-in's variable set, or torch_tpu installed on a host with
-    a TPU chip on its PCI bus and a ``/dev/vfio`` group (TorchTPU's own conditions to start). With
+    run in a fresh process), from files: the stand-in's variable set, or torch-tpu installed on a host with
+    a TPU chip on its PCI bus and its ``/dev/vfio`` group (TorchTPU's own condition to start,
+    :func:`torchtpu_plugins._pci.tpu_chips`). With
     ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` torch loads neither, so the answer is false.
     """
     if "torch" in sys.modules:
@@ -49,7 +34,9 @@ def probably_available() -> bool:
         return False
     if os.environ.get(VARIABLE) in VALUES:
         return True
-    return importlib.util.find_spec("torch_tpu") is not None and _tpu_attached()
+    from torchtpu_plugins import _launch_env, _pci
+
+    return _launch_env.torch_tpu_installed() and bool(_pci.tpu_chips())
 
 
 def unavailable_reason() -> Optional[str]:
@@ -65,15 +52,21 @@ def unavailable_reason() -> Optional[str]:
     from torchtpu_plugins._autoload import VARIABLE
 
     seen = "no accelerator" if accelerator is None else f"the accelerator {accelerator.type!r}"
-    if importlib.util.find_spec("torch_tpu") is None:
+    from torchtpu_plugins import _launch_env, _pci
+
+    if not _launch_env.torch_tpu_installed():
         return (
-            f"torch reports {seen}: torch_tpu (TorchTPU) is not installed and the stand-in device is off"
+            f"torch reports {seen}: torch-tpu (TorchTPU) is not installed and the stand-in device is off"
             f" (set {VARIABLE}=cpu before `import torch` for the CPU-backed stand-in)"
         )
-    return (
-        f"torch reports {seen}: torch_tpu is installed but registered no 'tpu' device (no TPU attached, or"
-        " TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept it from loading)"
-    )
+    if not _pci.tpu_chips():
+        return (
+            f"torch reports {seen}: torch-tpu is installed, but this host has no TPU chip (none on the PCI bus"
+            f" with vendor {_pci.TPU_PCI_VENDOR} and its /dev/vfio group), so it registered no 'tpu' device"
+        )
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+        return f"torch reports {seen}: TORCH_DEVICE_BACKEND_AUTOLOAD=0 kept torch from loading torch-tpu"
+    return f"torch reports {seen}, although torch-tpu is installed and TPU chips are attached"
 
 
 def device_count() -> int:

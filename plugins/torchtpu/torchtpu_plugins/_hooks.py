@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from trainer_plugins import AcceleratorEntry, StrategyEntry, hookimpl, package_of, resolve_in
 
-TRAINER_PLUGINS_API = ">=1.1,<2"
+TRAINER_PLUGINS_API = ">=1.2,<2"
 
 _PKG = "torchtpu_plugins"
 #: Names of the TorchTPU accelerator; ``"tpu"`` is Lightning's name, taken so existing scripts run unchanged.
@@ -122,6 +122,21 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
             f"Strategy {DDP_STRATEGY!r} runs on 'tpu' devices only, but the accelerator is"
             f" {type(accelerator).__name__}. Use accelerator='tpu'."
         )
+
+
+@hookimpl
+def trainer_plugins_launch_environment(
+    accelerator: Any, strategy: Any, num_nodes: int, processes_per_node: int, started_externally: bool, api: str
+) -> Optional[dict[str, str]]:
+    """TorchTPU's job-wide variables (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ...), by torch-tpu's rule.
+
+    See :func:`torchtpu_plugins._launch_env.for_run`; the core sets only those still unset.
+    """
+    if not _is_torchtpu_accelerator(accelerator):
+        return None
+    from torchtpu_plugins import _launch_env
+
+    return _launch_env.for_run(num_nodes, processes_per_node, started_externally)
 
 
 @hookimpl
