@@ -17,14 +17,18 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
   in Python (the stand-in's) does not have. TorchTPU's own examples initialise ``"tpu_dist"`` without it.
 
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
-where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
+where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``. A default group that a launcher made
+before the strategy starts (Ray Train's ``TorchTrainer``: ``"gloo"`` on workers without a ``TPU``
+resource) is kept; where it has no backend for ``"tpu"``, DDP and the strategy's reductions and gathers
+run over a second group of the same ranks on ``"tpu_dist"`` (:mod:`torchtpu_plugins._process_groups`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
 from lightning.fabric.strategies import SingleDeviceStrategy as FabricSingleDeviceStrategy
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -35,17 +39,30 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch.nn import Module
 from typing_extensions import override
 
+from torchtpu_plugins import _process_groups
+
 
 def _bound_device() -> torch.device:
     """The ``"tpu"`` device this process is bound to (``torch.accelerator``, never ``LOCAL_RANK``)."""
     return torch.device("tpu", torch.accelerator.current_device_index())
 
 
-def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
-    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``."""
+def _init_process_group(strategy: TorchTPUDDPStrategy | FabricTorchTPUDDPStrategy) -> None:
+    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``.
+
+    A default group that exists already (made by the launcher, e.g. Ray Train) is kept and
+    ``_process_group_backend`` names its backend; where it cannot take ``"tpu"`` tensors the strategy
+    gets a ``"tpu_dist"`` group of the same ranks for DDP and its collectives.
+    """
     assert strategy.cluster_environment is not None
-    strategy._process_group_backend = strategy._get_process_group_backend()
-    _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
+    if dist.is_available() and dist.is_initialized():
+        strategy._process_group_backend = _process_groups.default_backend()
+    else:
+        strategy._process_group_backend = strategy._get_process_group_backend()
+        _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
+    strategy._tpu_group = _process_groups.tpu_group()
+    if strategy._tpu_group is not None:
+        strategy._ddp_kwargs.setdefault("process_group", strategy._tpu_group)
 
 
 def _move_keeping_parameters(module: Module, device: torch.device) -> None:
@@ -69,6 +86,26 @@ def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return move_data_to_device(checkpoint, torch.device("cpu"))
 
 
+class _TPUGroup:
+    """The ``"tpu_dist"`` group a DDP strategy runs over beside a launcher's default group without one (else ``None``)."""
+
+    _tpu_group: Optional[Any] = None
+    _ddp_kwargs: dict[str, Any]
+
+    def _group_for(self, group: Optional[Any]) -> Optional[Any]:
+        """The strategy's ``"tpu_dist"`` group for the whole world (``None`` or ``group.WORLD``, as Fabric passes), else ``group``."""
+        if self._tpu_group is not None and (group is None or group is dist.group.WORLD):
+            return self._tpu_group
+        return group
+
+    def _release_tpu_group(self) -> None:
+        """Destroy the strategy's ``"tpu_dist"`` group (the launcher's default group stays, as Lightning leaves it)."""
+        if self._tpu_group is not None and self._ddp_kwargs.get("process_group") is self._tpu_group:
+            del self._ddp_kwargs["process_group"]
+        _process_groups.destroy(self._tpu_group)
+        self._tpu_group = None
+
+
 class _CPUCheckpoints:
     """Trainer strategies on ``"tpu"``: the checkpoint is copied to the CPU (on every rank) before it is written."""
 
@@ -90,10 +127,11 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
         _move_keeping_parameters(module, self.root_device)
 
 
-class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
+class TorchTPUDDPStrategy(_TPUGroup, _CPUCheckpoints, DDPStrategy):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
-    Checkpoints hold CPU tensors, copied on every rank.
+    Checkpoints hold CPU tensors, copied on every rank. A default group made by the launcher (Ray
+    Train) is kept, with a ``"tpu_dist"`` group beside it where it has no ``"tpu"`` backend.
     """
 
     @property
@@ -111,9 +149,28 @@ class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
         self.set_world_ranks()
         _init_process_group(self)
 
+    @override
+    def reduce(
+        self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
+    ) -> Any:
+        return super().reduce(tensor, self._group_for(group), reduce_op)
 
-class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
-    """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``."""
+    @override
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        return super().all_gather(tensor, self._group_for(group), sync_grads)
+
+    @override
+    def teardown(self) -> None:
+        super().teardown()
+        self._release_tpu_group()
+
+
+class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
+    """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
+
+    A default group made by the launcher (Ray Train) is kept, with a ``"tpu_dist"`` group beside it
+    where it has no ``"tpu"`` backend.
+    """
 
     @property
     @override
@@ -132,3 +189,18 @@ class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
         _init_process_group(self)
+
+    @override
+    def all_reduce(
+        self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
+    ) -> Any:
+        return super().all_reduce(tensor, self._group_for(group), reduce_op)
+
+    @override
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        return super().all_gather(tensor, self._group_for(group), sync_grads)
+
+    @override
+    def teardown(self) -> None:
+        super().teardown()
+        self._release_tpu_group()

@@ -1,0 +1,189 @@
+"""One Lightning script and one Fabric loop trained by Ray Train's ``TorchTrainer`` (2 workers) on a local Ray.
+
+Usage: ``python torchtpu_ray_train.py OUTPUT_DIR TPU_STRATEGY``. The driver starts a local Ray on the
+loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before this script imports ray), runs
+``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` twice, once with
+``accelerator="tpu"`` (strategy TPU_STRATEGY) and once with ``accelerator="cpu"`` (``strategy="ddp"``),
+and shuts Ray down. No ``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
+``callbacks=[RayTrainReportCallback()]`` only. The stand-in device's variables reach the workers through
+Ray's ``runtime_env`` alone: the driver itself has no ``"tpu"`` device.
+
+Each worker trains the Trainer script, then (same processes, same process group) the Fabric loop.
+Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the losses of rank 0's batches, the final state
+(CPU tensors), the strategy's class and ``_process_group_backend``, the backends of the default group
+and of the group DDP reduced over, the device types seen during the fit, world size and ranks, and
+what ``ray.train.lightning.prepare_trainer`` said of the Trainer. The driver saves
+``OUTPUT_DIR/driver.pt``: the Ray result's checkpoint loaded on the CPU, the Ray node's address and
+the driver's accelerator.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import lightning as L
+import ray
+import torch
+import torch.distributed as dist
+from ray.train import RunConfig, ScalingConfig
+from ray.train.lightning import RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+from ray.train.torch import TorchTrainer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+#: What the workers need before ``import torch``: the stand-in device, and gloo on the loopback.
+WORKER_ENV = {"TORCHTPU_PLUGINS_DEVICE": "cpu", "TORCHTPU_PLUGINS_DEVICE_COUNT": "2", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.losses: list[float] = []
+        self.devices_seen: set[str] = set()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.losses.append(loss.item())
+        self.log("train_loss", loss)
+        return loss
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.devices_seen |= {p.device.type for p in self.parameters()}
+        for state in self.trainer.optimizers[0].state.values():
+            self.devices_seen |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.05)
+
+
+def _loader() -> DataLoader:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 8, generator=generator)
+    return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
+
+
+def _ddp_backend(ddp: object) -> str:
+    """The backend of the group ``DistributedDataParallel`` ``ddp`` reduces gradients over."""
+    return str(dist.get_backend(ddp.process_group))  # type: ignore[attr-defined]
+
+
+def _describe(model: nn.Module, strategy: object, losses: list[float], devices: set[str], ddp_backend: str) -> dict:
+    return {
+        "losses": losses,
+        "state": {name: value.detach().cpu() for name, value in model.state_dict().items()},
+        "strategy": type(strategy).__name__,
+        "backend": strategy._process_group_backend,  # type: ignore[attr-defined]
+        "world_backend": str(dist.get_backend()),
+        "ddp_backend": ddp_backend,
+        "devices": devices,
+        "world_size": strategy.world_size,  # type: ignore[attr-defined]
+        "ranks": (strategy.global_rank, strategy.local_rank, strategy.node_rank),  # type: ignore[attr-defined]
+    }
+
+
+def _trainer_run(accelerator: str, strategy: str) -> dict:
+    L.seed_everything(0, verbose=False)
+    model = Regression()
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=2,
+        strategy=strategy,
+        max_epochs=1,
+        plugins=[RayLightningEnvironment()],
+        callbacks=[RayTrainReportCallback()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        prepare_trainer(trainer)
+        prepared = "accepted"
+    except RuntimeError as error:
+        prepared = str(error)
+    ddp_backend: list[str] = []
+
+    class _DDPBackend(L.Callback):  # read during the fit: the strategy's own "tpu_dist" group ends with it
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            ddp_backend.append(_ddp_backend(trainer.strategy.model))
+
+    trainer.callbacks.append(_DDPBackend())
+    trainer.fit(model, _loader())
+    run = _describe(model, trainer.strategy, model.losses, model.devices_seen, ddp_backend[0])
+    run["prepare_trainer"] = prepared
+    return run
+
+
+def _fabric_run(accelerator: str, strategy: str) -> dict:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy, plugins=[RayLightningEnvironment()])
+    fabric.launch()
+    fabric.seed_everything(0, verbose=False)
+    model = Regression()
+    optimizer = model.configure_optimizers()
+    module, optimizer = fabric.setup(model, optimizer)
+    losses: list[float] = []
+    devices: set[str] = set()
+    for x, y in fabric.setup_dataloaders(_loader()):
+        loss = nn.functional.mse_loss(module(x), y)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        devices |= {p.device.type for p in module.parameters()}
+        for state in optimizer.state.values():
+            devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+    run = _describe(model, fabric.strategy, losses, devices, _ddp_backend(module._forward_module))
+    run["summed"] = fabric.all_reduce(torch.tensor([float(fabric.global_rank + 1)], device=fabric.device), reduce_op="sum")
+    run["summed"] = run["summed"].cpu()
+    fabric.strategy.teardown()
+    return run
+
+
+def train_func(config: dict) -> None:
+    accelerator, strategy = config["accelerator"], config["strategy"]
+    runs = {
+        "env": {name: os.environ.get(name) for name in WORKER_ENV},
+        "trainer": _trainer_run(accelerator, strategy),
+        "fabric": _fabric_run(accelerator, "ddp" if accelerator == "cpu" else strategy),
+    }
+    if ray.train.get_context().get_world_rank() == 0:
+        torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
+
+
+def main(output: str, tpu_strategy: str) -> None:
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": WORKER_ENV})
+    try:
+        driver = {"accelerator": torch.accelerator.current_accelerator(), "node": ray.nodes()[0]["NodeManagerAddress"]}
+        results = {}
+        for accelerator, strategy in (("tpu", tpu_strategy), ("cpu", "ddp")):
+            trainer = TorchTrainer(
+                train_func,
+                train_loop_config={"accelerator": accelerator, "strategy": strategy, "output": output},
+                scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(name=accelerator, storage_path=os.path.join(output, "ray_results")),
+            )
+            results[accelerator] = trainer.fit()
+        with results["tpu"].checkpoint.as_directory() as directory:
+            path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
+            checkpoint = torch.load(path, weights_only=False)  # no map_location: the tensors are on the CPU
+            model = Regression.load_from_checkpoint(path)
+        driver["checkpoint_devices"] = {v.device.type for v in checkpoint["state_dict"].values()}
+        driver["checkpoint_state"] = {name: value.clone() for name, value in model.state_dict().items()}
+        driver["model_device"] = model.device.type
+        driver["metrics"] = results["tpu"].metrics
+        driver["gcs_address"] = ray.get_runtime_context().gcs_address
+        torch.save(driver, os.path.join(output, "driver.pt"))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
