@@ -140,8 +140,8 @@ def _fabric_run(accelerator: str, strategy: str) -> dict:
         for state in optimizer.state.values():
             devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
     run = _describe(model, fabric.strategy, losses, devices, _ddp_backend(module._forward_module))
-    run["summed"] = fabric.all_reduce(torch.tensor([float(fabric.global_rank + 1)], device=fabric.device), reduce_op="sum")
-    run["summed"] = run["summed"].cpu()
+    summed = fabric.all_reduce(torch.tensor([float(fabric.global_rank + 1)], device=fabric.device), reduce_op="sum")
+    run["summed"] = summed.cpu()
     fabric.strategy.teardown()
     return run
 

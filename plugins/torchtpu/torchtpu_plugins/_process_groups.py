@@ -23,7 +23,7 @@ from torchtpu_plugins._device import DEVICE_TYPE
 
 
 def default_backend() -> str:
-    """The backend of the default group, as ``torch.distributed.get_backend`` names it (``"gloo"``, ``"tpu_dist"``, ...)."""
+    """The default group's backend, as ``torch.distributed.get_backend`` names it (``"gloo"``, ``"tpu_dist"``, ...)."""
     return str(dist.get_backend())
 
 

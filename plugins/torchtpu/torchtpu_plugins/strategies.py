@@ -87,13 +87,13 @@ def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 class _TPUGroup:
-    """The ``"tpu_dist"`` group a DDP strategy runs over beside a launcher's default group without one (else ``None``)."""
+    """The ``"tpu_dist"`` group a DDP strategy runs over beside a launcher's group without one (else ``None``)."""
 
     _tpu_group: Optional[Any] = None
     _ddp_kwargs: dict[str, Any]
 
     def _group_for(self, group: Optional[Any]) -> Optional[Any]:
-        """The strategy's ``"tpu_dist"`` group for the whole world (``None`` or ``group.WORLD``, as Fabric passes), else ``group``."""
+        """The ``"tpu_dist"`` group for the world (``None``, or ``group.WORLD`` as Fabric passes), else ``group``."""
         if self._tpu_group is not None and (group is None or group is dist.group.WORLD):
             return self._tpu_group
         return group
