@@ -27,46 +27,40 @@ import lightning as L
 import ray
 import torch
 import torch.distributed as dist
+import torchtpu_lightning_ddp
 from ray.train import RunConfig, ScalingConfig
 from ray.train.lightning import RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
 from ray.train.torch import TorchTrainer
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torchtpu_lightning_ddp import _loader
 
-#: What the workers need before ``import torch``: the stand-in device, and gloo on the loopback.
-WORKER_ENV = {"TORCHTPU_PLUGINS_DEVICE": "cpu", "TORCHTPU_PLUGINS_DEVICE_COUNT": "2", "GLOO_SOCKET_IFNAME": "lo"}
+#: What the workers need before ``import torch``: the stand-in device, gloo on the loopback, and this
+#: directory on the path (the model class of torchtpu_lightning_ddp.py, which Ray pickles by reference).
+WORKER_ENV = {
+    "TORCHTPU_PLUGINS_DEVICE": "cpu",
+    "TORCHTPU_PLUGINS_DEVICE_COUNT": "2",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "PYTHONPATH": os.path.dirname(os.path.abspath(__file__)),
+}
 
 
-class Regression(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-        self.losses: list[float] = []
-        self.devices_seen: set[str] = set()
+class Regression(torchtpu_lightning_ddp.Regression):
+    """The DDP test's model, logging its loss (``RayTrainReportCallback`` reports the logged metrics).
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+    At the end of the fit it runs the strategy's ``reduce`` (sum) and ``all_gather`` of a tensor on its device.
+    """
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = nn.functional.mse_loss(self(x), y)
-        self.losses.append(loss.item())
+        loss = super().training_step(batch, batch_idx)
         self.log("train_loss", loss)
         return loss
 
-    def on_train_batch_end(self, *args: object) -> None:
-        self.devices_seen |= {p.device.type for p in self.parameters()}
-        for state in self.trainer.optimizers[0].state.values():
-            self.devices_seen |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.05)
-
-
-def _loader() -> DataLoader:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(64, 8, generator=generator)
-    return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
+    def on_train_end(self) -> None:
+        rank = torch.tensor([float(self.global_rank + 1)], device=self.device)
+        self.collectives = {
+            "reduced": self.trainer.strategy.reduce(rank.clone(), reduce_op="sum").cpu(),
+            "gathered": self.all_gather(rank).cpu(),
+        }
 
 
 def _ddp_backend(ddp: object) -> str:
@@ -118,6 +112,7 @@ def _trainer_run(accelerator: str, strategy: str) -> dict:
     trainer.fit(model, _loader())
     run = _describe(model, trainer.strategy, model.losses, model.devices_seen, ddp_backend[0])
     run["prepare_trainer"] = prepared
+    run.update(model.collectives)
     return run
 
 
@@ -140,8 +135,9 @@ def _fabric_run(accelerator: str, strategy: str) -> dict:
         for state in optimizer.state.values():
             devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
     run = _describe(model, fabric.strategy, losses, devices, _ddp_backend(module._forward_module))
-    summed = fabric.all_reduce(torch.tensor([float(fabric.global_rank + 1)], device=fabric.device), reduce_op="sum")
-    run["summed"] = summed.cpu()
+    rank = torch.tensor([float(fabric.global_rank + 1)], device=fabric.device)
+    run["reduced"] = fabric.all_reduce(rank.clone(), reduce_op="sum").cpu()
+    run["gathered"] = fabric.all_gather(rank).cpu()
     fabric.strategy.teardown()
     return run
 

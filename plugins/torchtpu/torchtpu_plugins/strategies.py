@@ -98,8 +98,13 @@ class _TPUGroup:
             return self._tpu_group
         return group
 
-    def _release_tpu_group(self) -> None:
-        """Destroy the strategy's ``"tpu_dist"`` group (the launcher's default group stays, as Lightning leaves it)."""
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        """Lightning's ``all_gather``, over the ``"tpu_dist"`` group where the world is asked for."""
+        return super().all_gather(tensor, self._group_for(group), sync_grads)  # type: ignore[misc]
+
+    def teardown(self) -> None:
+        """Lightning's teardown, then the ``"tpu_dist"`` group destroyed (the launcher's group stays)."""
+        super().teardown()  # type: ignore[misc]
         if self._tpu_group is not None and self._ddp_kwargs.get("process_group") is self._tpu_group:
             del self._ddp_kwargs["process_group"]
         _process_groups.destroy(self._tpu_group)
@@ -155,15 +160,6 @@ class TorchTPUDDPStrategy(_TPUGroup, _CPUCheckpoints, DDPStrategy):
     ) -> Any:
         return super().reduce(tensor, self._group_for(group), reduce_op)
 
-    @override
-    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
-        return super().all_gather(tensor, self._group_for(group), sync_grads)
-
-    @override
-    def teardown(self) -> None:
-        super().teardown()
-        self._release_tpu_group()
-
 
 class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
     """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
@@ -195,12 +191,3 @@ class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
         self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
     ) -> Any:
         return super().all_reduce(tensor, self._group_for(group), reduce_op)
-
-    @override
-    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
-        return super().all_gather(tensor, self._group_for(group), sync_grads)
-
-    @override
-    def teardown(self) -> None:
-        super().teardown()
-        self._release_tpu_group()
