@@ -73,6 +73,7 @@ def test_workers_get_the_standin_through_runtime_env_and_ray_stays_on_the_loopba
         "cpu", "2", "lo"
     )  # fmt: skip
     assert runs["driver"]["gcs_address"].startswith("127.0.0.1:")
+    assert runs["driver"]["node"] == "127.0.0.1"  # the node's address (raylet, workers)
 
 
 def test_trainer_ddp_on_tpu_under_ray_equals_cpu_ddp_under_ray(runs):
@@ -140,11 +141,3 @@ def test_no_ray_process_outlives_the_driver(runs):
         time.sleep(0.5)
     assert left == []
 
-
-def test_a_group_without_a_tpu_backend_gets_a_tpu_dist_group_beside_it():
-    """The rule the strategies apply to the launcher's group (torch's BackendConfig; "tpu_dist" maps to "tpu")."""
-    from torchtpu_plugins import _process_groups
-
-    assert not _process_groups.reduces_tpu_tensors("gloo")  # Ray Train's group on workers without a TPU resource
-    assert _process_groups.reduces_tpu_tensors("tpu_dist")  # Ray Train's group on TPU workers (Ray >= 2.58)
-    assert _process_groups.reduces_tpu_tensors("cpu:gloo,tpu:tpu_dist")  # TorchTPU's composite group

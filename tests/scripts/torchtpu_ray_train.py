@@ -2,19 +2,21 @@
 
 Usage: ``python torchtpu_ray_train.py OUTPUT_DIR TPU_STRATEGY``. The driver starts a local Ray on the
 loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before this script imports ray), runs
-``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` twice, once with
-``accelerator="tpu"`` (strategy TPU_STRATEGY) and once with ``accelerator="cpu"`` (``strategy="ddp"``),
-and shuts Ray down. No ``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
+``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` once and shuts Ray down. No
+``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
 ``callbacks=[RayTrainReportCallback()]`` only. The stand-in device's variables reach the workers through
 Ray's ``runtime_env`` alone: the driver itself has no ``"tpu"`` device.
 
-Each worker trains the Trainer script, then (same processes, same process group) the Fabric loop.
-Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the losses of rank 0's batches, the final state
-(CPU tensors), the strategy's class and ``_process_group_backend``, the backends of the default group
-and of the group DDP reduced over, the device types seen during the fit, world size and ranks, and
+Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``
+(``strategy="ddp"``), then with ``accelerator="tpu"`` (strategy TPU_STRATEGY), all in the same processes
+over the process group Ray made (one fit: Ray starts its workers once); the run's checkpoint is the
+last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the
+losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
+``_process_group_backend``, the backends of the default group and of the group DDP reduced over, the
+device types seen during the fit, world size and ranks, a sum and a gather of each rank's number, and
 what ``ray.train.lightning.prepare_trainer`` said of the Trainer. The driver saves
-``OUTPUT_DIR/driver.pt``: the Ray result's checkpoint loaded on the CPU, the Ray node's address and
-the driver's accelerator.
+``OUTPUT_DIR/driver.pt``: the Ray result's checkpoint loaded on the CPU, its metrics, the GCS address
+and the driver's accelerator.
 """
 
 from __future__ import annotations
@@ -143,14 +145,14 @@ def _fabric_run(accelerator: str, strategy: str) -> dict:
 
 
 def train_func(config: dict) -> None:
-    accelerator, strategy = config["accelerator"], config["strategy"]
-    runs = {
-        "env": {name: os.environ.get(name) for name in WORKER_ENV},
-        "trainer": _trainer_run(accelerator, strategy),
-        "fabric": _fabric_run(accelerator, "ddp" if accelerator == "cpu" else strategy),
-    }
-    if ray.train.get_context().get_world_rank() == 0:
-        torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
+    for accelerator, strategy in (("cpu", "ddp"), ("tpu", config["tpu_strategy"])):
+        runs = {
+            "env": {name: os.environ.get(name) for name in WORKER_ENV},
+            "trainer": _trainer_run(accelerator, strategy),
+            "fabric": _fabric_run(accelerator, strategy),
+        }
+        if ray.train.get_context().get_world_rank() == 0:
+            torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
 
 
 def main(output: str, tpu_strategy: str) -> None:
@@ -158,23 +160,21 @@ def main(output: str, tpu_strategy: str) -> None:
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": WORKER_ENV})
     try:
         driver = {"accelerator": torch.accelerator.current_accelerator(), "node": ray.nodes()[0]["NodeManagerAddress"]}
-        results = {}
-        for accelerator, strategy in (("tpu", tpu_strategy), ("cpu", "ddp")):
-            trainer = TorchTrainer(
-                train_func,
-                train_loop_config={"accelerator": accelerator, "strategy": strategy, "output": output},
-                scaling_config=ScalingConfig(num_workers=2),
-                run_config=RunConfig(name=accelerator, storage_path=os.path.join(output, "ray_results")),
-            )
-            results[accelerator] = trainer.fit()
-        with results["tpu"].checkpoint.as_directory() as directory:
+        trainer = TorchTrainer(
+            train_func,
+            train_loop_config={"tpu_strategy": tpu_strategy, "output": output},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
+        )
+        result = trainer.fit()
+        with result.checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
             checkpoint = torch.load(path, weights_only=False)  # no map_location: the tensors are on the CPU
             model = Regression.load_from_checkpoint(path)
         driver["checkpoint_devices"] = {v.device.type for v in checkpoint["state_dict"].values()}
         driver["checkpoint_state"] = {name: value.clone() for name, value in model.state_dict().items()}
         driver["model_device"] = model.device.type
-        driver["metrics"] = results["tpu"].metrics
+        driver["metrics"] = result.metrics
         driver["gcs_address"] = ray.get_runtime_context().gcs_address
         torch.save(driver, os.path.join(output, "driver.pt"))
     finally:
