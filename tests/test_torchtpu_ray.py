@@ -140,4 +140,3 @@ def test_no_ray_process_outlives_the_driver(runs):
             break
         time.sleep(0.5)
     assert left == []
-
