@@ -121,22 +121,8 @@ def _trainer_run(accelerator: str, strategy: str) -> dict:
 def _fabric_run(accelerator: str, strategy: str) -> dict:
     fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy, plugins=[RayLightningEnvironment()])
     fabric.launch()
-    fabric.seed_everything(0, verbose=False)
-    model = Regression()
-    optimizer = model.configure_optimizers()
-    module, optimizer = fabric.setup(model, optimizer)
-    losses: list[float] = []
-    devices: set[str] = set()
-    for x, y in fabric.setup_dataloaders(_loader()):
-        loss = nn.functional.mse_loss(module(x), y)
-        fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        devices |= {p.device.type for p in module.parameters()}
-        for state in optimizer.state.values():
-            devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
-    run = _describe(model, fabric.strategy, losses, devices, _ddp_backend(module._forward_module))
+    model, module, devices = torchtpu_lightning_ddp.fabric_fit(fabric)
+    run = _describe(model, fabric.strategy, model.losses, devices, _ddp_backend(module._forward_module))
     rank = torch.tensor([float(fabric.global_rank + 1)], device=fabric.device)
     run["reduced"] = fabric.all_reduce(rank.clone(), reduce_op="sum").cpu()
     run["gathered"] = fabric.all_gather(rank).cpu()
