@@ -27,6 +27,11 @@ TPU_STRATEGY = "ddp_torchtpu"
 TOKEN_VARIABLE = "TORCHTPU_PLUGINS_RAY_TEST"
 
 
+def _ray_temporary_files() -> set[str]:
+    """Entries of the temporary directory that a Ray run may leave: its session folders, Ray's Lightning checkpoints."""
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(("ray", "lightning_checkpoints-"))}
+
+
 def _processes_with(token: str) -> list[int]:
     """The ids of live processes whose initial environment holds ``TOKEN_VARIABLE=token``."""
     found = []
@@ -44,12 +49,13 @@ def _processes_with(token: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def runs():  # type: ignore[no-untyped-def]
-    output = tempfile.mkdtemp(prefix="torchtpu-ray-")
+def runs(tmp_path_factory):  # type: ignore[no-untyped-def]
+    output = str(tmp_path_factory.mktemp("torchtpu-ray"))
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHTPU_PLUGINS_DEVICE", "TORCHTPU_PLUGINS_DEVICE_COUNT")}
     # before `import ray`: a local Ray then binds 127.0.0.1 only; gloo binds the loopback
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", GLOO_SOCKET_IFNAME="lo", **{TOKEN_VARIABLE: token})
+    temporary_before = _ray_temporary_files()
     result = subprocess.run(
         [sys.executable, SCRIPT, output, TPU_STRATEGY],
         env=env,
@@ -63,6 +69,7 @@ def runs():  # type: ignore[no-untyped-def]
         name: torch.load(os.path.join(output, f"{name}.pt"), weights_only=False) for name in ("tpu", "cpu", "driver")
     }
     loaded["token"] = token
+    loaded["temporary_files_left"] = _ray_temporary_files() - temporary_before
     return loaded
 
 
@@ -140,3 +147,5 @@ def test_no_ray_process_outlives_the_driver(runs):
             break
         time.sleep(0.5)
     assert left == []
+    # nothing left in the temporary directory: Ray's session folder, RayTrainReportCallback's folders (in TMPDIR)
+    assert runs["temporary_files_left"] == set()

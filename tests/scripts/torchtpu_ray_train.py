@@ -16,12 +16,14 @@ losses of rank 0's batches, the final state (CPU tensors), the strategy's class 
 device types seen during the fit, world size and ranks, a sum and a gather of each rank's number, and
 what ``ray.train.lightning.prepare_trainer`` said of the Trainer. The driver saves
 ``OUTPUT_DIR/driver.pt``: the Ray result's checkpoint loaded on the CPU, its metrics, the GCS address
-and the driver's accelerator.
+and the driver's accelerator. Ray's session folder is removed after ``ray.shutdown()``; the workers'
+``TMPDIR`` is ``OUTPUT_DIR/worker_tmp`` (``RayTrainReportCallback`` leaves folders in it).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -143,9 +145,16 @@ def train_func(config: dict) -> None:
 
 def main(output: str, tpu_strategy: str) -> None:
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": WORKER_ENV})
+    # the workers' TMPDIR: RayTrainReportCallback leaves its checkpoint folders' parents in the temporary directory
+    worker_tmp = os.path.join(output, "worker_tmp")
+    os.makedirs(worker_tmp)
+    env_vars = {**WORKER_ENV, "TMPDIR": worker_tmp}
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": env_vars})
     try:
-        driver = {"accelerator": torch.accelerator.current_accelerator(), "node": ray.nodes()[0]["NodeManagerAddress"]}
+        driver = {
+            "accelerator": torch.accelerator.current_accelerator(),
+            "node": ray.nodes()[0]["NodeManagerAddress"],
+        }
         trainer = TorchTrainer(
             train_func,
             train_loop_config={"tpu_strategy": tpu_strategy, "output": output},
@@ -165,6 +174,7 @@ def main(output: str, tpu_strategy: str) -> None:
         torch.save(driver, os.path.join(output, "driver.pt"))
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir)  # Ray's session folder: logs and sockets
 
 
 if __name__ == "__main__":
