@@ -85,10 +85,8 @@ def test_workers_get_the_standin_through_runtime_env_and_ray_stays_on_the_loopba
 
 def test_trainer_ddp_on_tpu_under_ray_equals_cpu_ddp_under_ray(runs):
     tpu, cpu = runs["tpu"]["trainer"], runs["cpu"]["trainer"]
-    # Ray's gloo group is kept (its backend named); DDP reduces over a "tpu_dist" group of the same ranks
-    assert (tpu["strategy"], tpu["backend"], tpu["world_backend"], tpu["ddp_backend"]) == (
-        "TorchTPUDDPStrategy", "gloo", "gloo", "tpu_dist"
-    )  # fmt: skip
+    # Ray's gloo group is kept; DDP reduces over a "tpu_dist" group of the same ranks
+    assert (tpu["strategy"], tpu["world_backend"], tpu["ddp_backend"]) == ("TorchTPUDDPStrategy", "gloo", "tpu_dist")
     assert (cpu["strategy"], cpu["backend"], cpu["world_backend"], cpu["ddp_backend"]) == (
         "DDPStrategy", "gloo", "gloo", "gloo"
     )  # fmt: skip
@@ -126,7 +124,11 @@ def test_prepare_trainer_refuses_lightnings_and_our_ddp_strategies(runs):
 
 def test_fabric_ddp_on_tpu_under_ray_equals_fabric_cpu_ddp_under_ray(runs):
     tpu, cpu = runs["tpu"]["fabric"], runs["cpu"]["fabric"]
-    assert (tpu["strategy"], tpu["backend"], tpu["ddp_backend"]) == ("FabricTorchTPUDDPStrategy", "gloo", "tpu_dist")
+    assert (tpu["strategy"], tpu["world_backend"], tpu["ddp_backend"]) == (
+        "FabricTorchTPUDDPStrategy",
+        "gloo",
+        "tpu_dist",
+    )
     assert (cpu["strategy"], cpu["backend"], cpu["ddp_backend"]) == ("DDPStrategy", "gloo", "gloo")
     assert (tpu["world_size"], tpu["ranks"]) == (2, (0, 0, 0))
     assert tpu["devices"] == {"tpu"}

@@ -16,11 +16,13 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
   torch then asks the group for a backend bound to that device, which a ``"tpu_dist"`` group written
   in Python (the stand-in's) does not have. TorchTPU's own examples initialise ``"tpu_dist"`` without it.
 
+A default group that a launcher made before the strategy starts (Ray Train's ``TorchTrainer``:
+``"gloo"`` on workers without a ``TPU`` resource) has no backend for ``"tpu"``: beside it, DDP and the
+strategy's reductions and gathers over the world run on a second group of the same ranks on
+``"tpu_dist"`` (:mod:`torchtpu_plugins._process_groups`), destroyed at teardown.
+
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
-where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``. A default group that a launcher made
-before the strategy starts (Ray Train's ``TorchTrainer``: ``"gloo"`` on workers without a ``TPU``
-resource) is kept; where it has no backend for ``"tpu"``, DDP and the strategy's reductions and gathers
-run over a second group of the same ranks on ``"tpu_dist"`` (:mod:`torchtpu_plugins._process_groups`).
+where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
 """
 
 from __future__ import annotations
@@ -47,22 +49,11 @@ def _bound_device() -> torch.device:
     return torch.device("tpu", torch.accelerator.current_device_index())
 
 
-def _init_process_group(strategy: TorchTPUDDPStrategy | FabricTorchTPUDDPStrategy) -> None:
-    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``.
-
-    A default group that exists already (made by the launcher, e.g. Ray Train) is kept and
-    ``_process_group_backend`` names its backend; where it cannot take ``"tpu"`` tensors the strategy
-    gets a ``"tpu_dist"`` group of the same ranks for DDP and its collectives.
-    """
+def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
+    """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``."""
     assert strategy.cluster_environment is not None
-    if dist.is_available() and dist.is_initialized():
-        strategy._process_group_backend = _process_groups.default_backend()
-    else:
-        strategy._process_group_backend = strategy._get_process_group_backend()
-        _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
-    strategy._tpu_group = _process_groups.tpu_group()
-    if strategy._tpu_group is not None:
-        strategy._ddp_kwargs.setdefault("process_group", strategy._tpu_group)
+    strategy._process_group_backend = strategy._get_process_group_backend()
+    _init_dist_connection(strategy.cluster_environment, strategy._process_group_backend, timeout=strategy._timeout)
 
 
 def _move_keeping_parameters(module: Module, device: torch.device) -> None:
@@ -91,6 +82,15 @@ class _TPUGroup:
 
     _tpu_group: Optional[Any] = None
     _ddp_kwargs: dict[str, Any]
+
+    def _start_tpu_group(self) -> None:
+        """After the process-group start: the ``"tpu_dist"`` group where the default group has no ``"tpu"`` backend.
+
+        DDP gets it as its ``process_group`` (unless one was given). A collective call, made on every rank.
+        """
+        self._tpu_group = _process_groups.tpu_group()
+        if self._tpu_group is not None:
+            self._ddp_kwargs.setdefault("process_group", self._tpu_group)
 
     def _group_for(self, group: Optional[Any]) -> Optional[Any]:
         """The ``"tpu_dist"`` group for the world (``None``, or ``group.WORLD`` as Fabric passes), else ``group``."""
@@ -153,6 +153,7 @@ class TorchTPUDDPStrategy(_TPUGroup, _CPUCheckpoints, DDPStrategy):
         reset_seed()
         self.set_world_ranks()
         _init_process_group(self)
+        self._start_tpu_group()
 
     @override
     def reduce(
@@ -185,6 +186,7 @@ class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
         _init_process_group(self)
+        self._start_tpu_group()
 
     @override
     def all_reduce(
