@@ -66,9 +66,9 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
 
 
-def fabric_main(accelerator: str, output: str) -> None:
-    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="auto" if accelerator == "tpu" else "ddp")
-    fabric.launch()
+def fabric_fit(fabric: L.Fabric) -> tuple[Regression, nn.Module, set[str]]:
+    """One epoch of the Fabric loop on a launched ``fabric``: (the model, with this rank's losses; the module
+    ``fabric.setup`` returned; the device types of the parameters and optimizer state seen)."""
     fabric.seed_everything(0, verbose=False)
     model = Regression()
     optimizer = model.configure_optimizers()
@@ -83,6 +83,13 @@ def fabric_main(accelerator: str, output: str) -> None:
         devices |= {p.device.type for p in module.parameters()}
         for state in optimizer.state.values():
             devices |= {v.device.type for v in state.values() if torch.is_tensor(v) and v.ndim > 0}
+    return model, module, devices
+
+
+def fabric_main(accelerator: str, output: str) -> None:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="auto" if accelerator == "tpu" else "ddp")
+    fabric.launch()
+    model, _, devices = fabric_fit(fabric)
     if fabric.global_rank == 0:
         _save(output, model, fabric.strategy, devices, fabric.world_size)
 

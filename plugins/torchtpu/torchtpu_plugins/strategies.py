@@ -16,6 +16,11 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
   torch then asks the group for a backend bound to that device, which a ``"tpu_dist"`` group written
   in Python (the stand-in's) does not have. TorchTPU's own examples initialise ``"tpu_dist"`` without it.
 
+A default group that a launcher made before the strategy starts (Ray Train's ``TorchTrainer``:
+``"gloo"`` on workers without a ``TPU`` resource) has no backend for ``"tpu"``: beside it, DDP and the
+strategy's reductions and gathers over the world run on a second group of the same ranks on
+``"tpu_dist"`` (:mod:`torchtpu_plugins._process_groups`), destroyed at teardown.
+
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
 where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
 
@@ -28,9 +33,10 @@ process's rank agree with the cluster environment's.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
 from lightning.fabric.strategies import SingleDeviceStrategy as FabricSingleDeviceStrategy
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -40,6 +46,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch.nn import Module
 from typing_extensions import override
+
+from torchtpu_plugins import _process_groups
 
 
 def _bound_device() -> torch.device:
@@ -95,6 +103,40 @@ def _on_cpu(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return move_data_to_device(checkpoint, torch.device("cpu"))
 
 
+class _TPUGroup:
+    """The ``"tpu_dist"`` group a DDP strategy runs over beside a launcher's group without one (else ``None``)."""
+
+    _tpu_group: Optional[Any] = None
+    _ddp_kwargs: dict[str, Any]
+
+    def _start_tpu_group(self) -> None:
+        """After the process-group start: the ``"tpu_dist"`` group where the default group has no ``"tpu"`` backend.
+
+        DDP gets it as its ``process_group`` (unless one was given). A collective call, made on every rank.
+        """
+        self._tpu_group = _process_groups.tpu_group()
+        if self._tpu_group is not None:
+            self._ddp_kwargs.setdefault("process_group", self._tpu_group)
+
+    def _group_for(self, group: Optional[Any]) -> Optional[Any]:
+        """The ``"tpu_dist"`` group for the world (``None``, or ``group.WORLD`` as Fabric passes), else ``group``."""
+        if self._tpu_group is not None and (group is None or group is dist.group.WORLD):
+            return self._tpu_group
+        return group
+
+    def all_gather(self, tensor: torch.Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> torch.Tensor:
+        """Lightning's ``all_gather``, over the ``"tpu_dist"`` group where the world is asked for."""
+        return super().all_gather(tensor, self._group_for(group), sync_grads)  # type: ignore[misc]
+
+    def teardown(self) -> None:
+        """Lightning's teardown, then the ``"tpu_dist"`` group destroyed (the launcher's group stays)."""
+        super().teardown()  # type: ignore[misc]
+        if self._tpu_group is not None and self._ddp_kwargs.get("process_group") is self._tpu_group:
+            del self._ddp_kwargs["process_group"]
+        _process_groups.destroy(self._tpu_group)
+        self._tpu_group = None
+
+
 class _CPUCheckpoints:
     """Trainer strategies on ``"tpu"``: the checkpoint is copied to the CPU (on every rank) before it is written."""
 
@@ -116,10 +158,11 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
         _move_keeping_parameters(module, self.root_device)
 
 
-class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
+class TorchTPUDDPStrategy(_TPUGroup, _CPUCheckpoints, DDPStrategy):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
-    Checkpoints hold CPU tensors, copied on every rank.
+    Checkpoints hold CPU tensors, copied on every rank. A default group made by the launcher (Ray
+    Train) is kept, with a ``"tpu_dist"`` group beside it where it has no ``"tpu"`` backend.
     """
 
     @property
@@ -136,10 +179,21 @@ class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
         reset_seed()
         self.set_world_ranks()
         _init_process_group(self)
+        self._start_tpu_group()
+
+    @override
+    def reduce(
+        self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
+    ) -> Any:
+        return super().reduce(tensor, self._group_for(group), reduce_op)
 
 
-class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
-    """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``."""
+class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
+    """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
+
+    A default group made by the launcher (Ray Train) is kept, with a ``"tpu_dist"`` group beside it
+    where it has no ``"tpu"`` backend.
+    """
 
     @property
     @override
@@ -158,3 +212,10 @@ class FabricTorchTPUDDPStrategy(FabricDDPStrategy):
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
         _init_process_group(self)
+        self._start_tpu_group()
+
+    @override
+    def all_reduce(
+        self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
+    ) -> Any:
+        return super().all_reduce(tensor, self._group_for(group), reduce_op)

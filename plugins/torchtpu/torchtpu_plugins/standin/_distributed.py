@@ -82,6 +82,16 @@ class TpuDistBackend(dist.ProcessGroup):  # type: ignore[misc]
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND
 
+    # torch's ProcessGroup reads its name from its device backends, which a group written in Python has
+    # none of ("ProcessGroup name not set"): the name torch gives the group at creation is kept here, so
+    # torch.distributed.destroy_process_group(group) can unregister it.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
 
 for _name in COLLECTIVES:
     setattr(TpuDistBackend, _name, _collective(_name))
