@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 L = pytest.importorskip("lightning")
 from lightning.fabric.plugins.environments import TorchElasticEnvironment  # noqa: E402
@@ -71,9 +70,9 @@ def test_xla_under_torchrun_takes_torchrun_environment_devices_and_no_spawning_l
 
 
 def test_xla_spmd_under_torchrun_is_one_rank_per_host_simulated_tpu(monkeypatch):
+    from xla_plugins._world import one_process_per_host
     from xla_plugins.environment import check_launcher_world
     from xla_plugins.testing import simulated_runtime
-    from xla_plugins._world import one_process_per_host
 
     _torchrun_variables(monkeypatch, rank=1, world_size=2, local_world_size=1, group_rank=1)
     with simulated_runtime(lambda: _host_figures(1, 2, 4)):
@@ -128,7 +127,7 @@ def test_xla_under_torchrun_x2_starts_nothing_and_joins_torch_xla_world_simulate
         assert record["init_process_group"] == [["xla", "xla://"]]
         assert record["initialize_multiprocess"] == [[rank, 2]]  # (LOCAL_RANK, LOCAL_WORLD_SIZE)
         # PJRT CPU: each process is an XLA world of its own, which the strategy refuses, naming both worlds
-        assert "WORLD_SIZE=2 and RANK=%d, but torch_xla's runtime formed no such world" % rank in record["cpu"]["error"]
+        assert f"WORLD_SIZE=2 and RANK={rank}, but torch_xla's runtime formed no such world" in record["cpu"]["error"]
         for api in ("trainer", "fabric"):
             view = record[api]
             assert view["environment"] == "TorchElasticEnvironment"

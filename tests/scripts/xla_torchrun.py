@@ -70,8 +70,14 @@ def trainer_run() -> dict:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     trainer = L.Trainer(
-        accelerator="xla", devices="auto", strategy="xla", max_epochs=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        accelerator="xla",
+        devices="auto",
+        strategy="xla",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     model = Model()
     result: dict = {"devices": len(trainer.strategy.parallel_devices)}
