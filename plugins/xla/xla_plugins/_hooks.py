@@ -160,8 +160,9 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
     if len(parallel_devices) == 1:
         return "single_xla"
     from xla_plugins import _runtime
+    from xla_plugins.environment import started_by_torchrun
 
-    if _runtime.spawn_collectives_hang():
+    if not started_by_torchrun() and _runtime.spawn_collectives_hang():
         from lightning.fabric.utilities.rank_zero import rank_zero_info
 
         # at INFO, as the run's start-up line that names the strategy: why not Lightning's 'xla'
@@ -188,7 +189,7 @@ def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_
 def trainer_plugins_select_environment(accelerator: Any) -> Any:
     if not _is_xla_accelerator(accelerator):
         return None
-    return resolve_in(f"{_PKG}.environment:XLAEnvironment", package_of(accelerator))()
+    return resolve_in(f"{_PKG}.environment:process_environment", package_of(accelerator))()
 
 
 @hookimpl
@@ -212,8 +213,10 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
         )
     if isinstance(strategy, strategies.one_worker_per_device):
         from xla_plugins import _runtime
+        from xla_plugins.environment import started_by_torchrun
 
-        if _runtime.spawn_collectives_hang():
+        # under torchrun each process drives one device from its main thread: no cross-thread collectives
+        if not started_by_torchrun() and _runtime.spawn_collectives_hang():
             raise NotImplementedError(
                 f"The one-worker-per-device strategy {type(strategy).__name__} would hang in its first collective on"
                 f" PJRT {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"

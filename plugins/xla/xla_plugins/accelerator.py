@@ -128,7 +128,22 @@ class XLAAccelerator(_LightningXLAAccelerator):
     @staticmethod
     @override
     def auto_device_count() -> int:  # type: ignore[override]  # Lightning's caches the TPU-only count
-        """The number of devices of the active PJRT device type, from the PJRT runtime."""
+        """The number of devices of this host for the active PJRT device type, from the PJRT runtime.
+
+        Under torchrun with several processes on this host (``LOCAL_WORLD_SIZE`` above 1), that
+        number instead: torch_xla gives each of torchrun's processes one chip
+        (``pjrt.initialize_multiprocess``, which its ``xla://`` rendezvous calls), so the host's devices
+        are torchrun's processes on it, as Lightning counts ``devices`` per node. With one process per
+        host (the SPMD strategies), the runtime's count.
+
+        Raises:
+            ValueError: ``LOCAL_WORLD_SIZE`` is not an integer >= 1.
+        """
+        from xla_plugins.environment import launcher_local_world_size
+
+        local = launcher_local_world_size()
+        if local is not None and local > 1:
+            return local
         return _runtime.device_count()
 
     @staticmethod

@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from xla_plugins import _runtime, _world
+from xla_plugins.environment import check_launcher_world, check_one_process_per_host
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._hosts import HostGroup
 from xla_plugins.strategies._reduce import reduce_op_name
@@ -64,11 +65,14 @@ class _OneProcessOverAMesh:
     def _join_hosts(self) -> None:
         """On several hosts: join their process group and make only global rank 0 log as rank zero.
 
-        Lightning's DDP sets ``rank_zero_only.rank`` to its global rank the same way.
+        Lightning's DDP sets ``rank_zero_only.rank`` to its global rank the same way. Under torchrun,
+        torchrun's world must be the runtime's hosts first (one rank per host).
 
         Raises:
-            RuntimeError: see :meth:`~xla_plugins.strategies._hosts.HostGroup.connect`.
+            RuntimeError: see :meth:`~xla_plugins.strategies._hosts.HostGroup.connect` and
+                :func:`~xla_plugins.environment.check_launcher_world`.
         """
+        check_launcher_world(_world.one_process_per_host, "host")
         hosts = self.hosts
         if not hosts.several:
             return
@@ -106,8 +110,11 @@ class _OneProcessOverAMesh:
         probe process before the runtime runs here). On one host: world size 1, every rank 0.
 
         Raises:
-            ValueError: the runtime's figures are inconsistent or show several processes per host.
+            ValueError: torchrun started several processes on this host
+                (:func:`~xla_plugins.environment.check_one_process_per_host`); the runtime's figures are
+                inconsistent or show several processes per host.
         """
+        check_one_process_per_host()
         return _world.one_process_per_host(_runtime.runtime_figures())
 
     @property
@@ -178,7 +185,13 @@ class _OneProcessOverAMesh:
         return self._mesh
 
     def _enter_spmd(self) -> None:
-        """Enter SPMD mode (``torch_xla.runtime.use_spmd``) and build the mesh over all devices."""
+        """Enter SPMD mode (``torch_xla.runtime.use_spmd``) and build the mesh over all devices.
+
+        Raises:
+            ValueError: torchrun started more than one process on this host
+                (:func:`~xla_plugins.environment.check_one_process_per_host`).
+        """
+        check_one_process_per_host()  # before the runtime starts
         import torch_xla.runtime as xr
 
         if not xr.is_spmd():  # SPMD mode is permanent: a second run in this process is already in it

@@ -10,8 +10,8 @@ from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
 from torch import Tensor
 
-from xla_plugins import _runtime
-from xla_plugins.environment import XLAEnvironment
+from xla_plugins import _runtime, _world
+from xla_plugins.environment import XLAEnvironment, check_launcher_world, process_environment
 from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._background_checkpoints import (
     FabricWritesCheckpointsInBackground,
@@ -45,10 +45,37 @@ class _OneWorkerPerDevice(ReportsProgress):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _runtime.require_torch_xla()
         super().__init__(*args, **kwargs)
-        self.cluster_environment = XLAEnvironment()
+        self.cluster_environment = process_environment()
 
     def _configure_launcher(self) -> None:
-        self._launcher = self._launcher_class(self)
+        """The flavour's launcher; none where torchrun started the processes (one per device, as they are)."""
+        external = self.cluster_environment.creates_processes_externally  # type: ignore[attr-defined]
+        self._launcher = None if external else self._launcher_class(self)
+
+    def setup_environment(self) -> None:
+        """Join torchrun's world first where torchrun started the processes, then Lightning's set-up."""
+        if self.cluster_environment.creates_processes_externally:  # type: ignore[attr-defined]
+            self._join_launcher_world()
+        super().setup_environment()  # type: ignore[misc]
+
+    def _join_launcher_world(self) -> None:
+        """Under torchrun: join torch_xla's world before the device is touched, and check it is torchrun's.
+
+        torch_xla's torchrun support: ``dist.init_process_group("xla", init_method="xla://")``,
+        whose rendezvous calls ``pjrt.initialize_multiprocess(LOCAL_RANK, LOCAL_WORLD_SIZE)`` (on TPU:
+        one chip per process) when torchrun started the process. A process group that exists
+        already is reused. Then :func:`~xla_plugins.environment.check_launcher_world` holds torchrun's
+        ``WORLD_SIZE``/``RANK`` against the runtime's world of one replica per device.
+
+        Raises:
+            RuntimeError: see :func:`~xla_plugins.environment.check_launcher_world`.
+        """
+        import torch.distributed as dist
+        import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" backend and xla://
+
+        if not dist.is_initialized():
+            dist.init_process_group("xla", init_method="xla://")
+        check_launcher_world(_world.one_replica_per_device, "device")
 
     @property
     def root_device(self) -> torch.device:
@@ -69,9 +96,10 @@ class _OneWorkerPerDevice(ReportsProgress):
     @property
     def num_nodes(self) -> int:
         """Hosts of the slice, from the runtime once the workers run (the world model's ``num_nodes``);
-        before, Lightning's ``num_nodes`` flag (the runtime decides: the flag is not needed)."""
-        if self._launched:
-            return self.cluster_environment.world().num_nodes  # type: ignore[attr-defined, no-any-return]
+        before, and under torchrun, Lightning's ``num_nodes`` flag (the runtime decides: the flag is not
+        needed without torchrun)."""
+        if self._launched and isinstance(self.cluster_environment, XLAEnvironment):
+            return self.cluster_environment.world().num_nodes
         return self._num_nodes  # type: ignore[attr-defined, no-any-return]
 
     @num_nodes.setter
