@@ -11,7 +11,8 @@ Every ``test_*`` method below then runs against the installed plugin: it loads w
 hookspec API; its hook implementations match the specification; every declared class imports and
 subclasses the Lightning base of its role; its names are unique and take no Lightning or other
 plugin's name without ``override=True``; its declarations and probes import no device runtime and
-change no environment variable; loading it twice changes nothing.
+change no environment variable; loading it twice changes nothing; Lightning's strategy names keep
+their meaning on Lightning's own accelerators.
 
 The fixtures ``trainer_plugins_manager`` and ``trainer_plugins_catalog`` (a freshly discovered
 plugin set, independent of the process-wide one) are available to any test. Importing this module
@@ -148,6 +149,28 @@ class PluginConformance:
         assert report["imported"] == [], f"declarations or probes imported {report['imported']}"
         assert report["environment_changed"] == [], f"declarations or probes changed {report['environment_changed']}"
         assert all(first == second for first, second in report["answers"]), "a probe answered differently twice"
+
+    def test_lightnings_strategy_names_keep_their_meaning_on_lightnings_accelerators(
+        self, trainer_plugins_manager: Any, record: Any
+    ) -> None:
+        """``trainer_plugins_strategy_for_name`` answers ``None`` for every Lightning name on Lightning's CPU."""
+        from lightning.fabric.accelerators import CPUAccelerator as FabricCPUAccelerator
+        from lightning.pytorch.accelerators import CPUAccelerator
+
+        from trainer_plugins._builtin import STRATEGIES
+
+        for api, accelerator in (("trainer", CPUAccelerator()), ("fabric", FabricCPUAccelerator())):
+            for name in (name for entry in STRATEGIES if entry.class_path(api) for name in entry.names):
+                answer = trainer_plugins_manager.call_first(
+                    "trainer_plugins_strategy_for_name",
+                    frozenset({self.plugin}),
+                    name=name,
+                    accelerator=accelerator,
+                    api=api,
+                )
+                assert answer is None or answer[0].name != self.plugin, (
+                    f"strategy={name!r} on Lightning's CPU ({api}) was answered {answer[1]!r}"
+                )
 
     def test_loading_twice_changes_nothing(self, trainer_plugins_manager: Any, record: Any) -> None:
         from trainer_plugins import Catalog
