@@ -134,6 +134,7 @@ def test_strategy_auto_with_one_device_is_the_single_device_strategy_on_tpu():
         ("ddp_find_unused_parameters_false", "TorchTPUDDPStrategy", "popen"),
         ("ddp_spawn", "TorchTPUDDPStrategy", "spawn"),
         ("single_device", "TorchTPUSingleDeviceStrategy", None),
+        ("fsdp", "TorchTPUFSDPStrategy", None),
     ],
 )
 def test_lightnings_strategy_names_on_tpu_build_this_plugins_strategies(name, strategy, start_method):
@@ -145,11 +146,15 @@ def test_lightnings_strategy_names_on_tpu_build_this_plugins_strategies(name, st
     assert decision.plugin.startswith("torchtpu ") and f"Lightning's name {name!r}" in decision.reason
 
 
-@pytest.mark.parametrize(("name", "start_method"), [("ddp", "popen"), ("ddp_spawn", "spawn")])
-def test_fabric_ddp_by_lightnings_name_on_tpu_is_this_plugins(name, start_method):
+@pytest.mark.parametrize(
+    ("name", "strategy", "start_method"),
+    [("ddp", "FabricTorchTPUDDPStrategy", "popen"), ("ddp_spawn", "FabricTorchTPUDDPStrategy", "spawn"),
+     ("fsdp", "FabricTorchTPUFSDPStrategy", None)],
+)  # fmt: skip
+def test_fabric_strategies_by_lightnings_name_on_tpu_are_this_plugins(name, strategy, start_method):
     fabric = L.Fabric(accelerator="tpu", devices=1, strategy=name)
-    assert type(fabric.strategy).__name__ == "FabricTorchTPUDDPStrategy"
-    assert fabric.strategy._start_method == start_method
+    assert type(fabric.strategy).__name__ == strategy
+    assert getattr(fabric.strategy, "_start_method", None) == start_method
 
 
 @pytest.mark.parametrize("name", ["auto", "ddp"])

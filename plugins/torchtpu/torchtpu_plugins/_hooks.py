@@ -27,8 +27,11 @@ SINGLE_STRATEGY = "single_torchtpu"
 DDP_STRATEGY = "ddp_torchtpu"
 #: DDP over ``"tpu_dist"`` whose processes Lightning starts with ``torch.multiprocessing``'s spawn.
 DDP_SPAWN_STRATEGY = "ddp_spawn_torchtpu"
+#: Fully sharded training: Lightning's FSDP2 path (``ModelParallelStrategy``) on a ``"tpu"`` mesh.
+FSDP_STRATEGY = "fsdp_torchtpu"
 #: Lightning's strategy names that run on ``"tpu"``, and the strategy of this plugin each means there.
 LIGHTNING_NAMES = {
+    "fsdp": FSDP_STRATEGY,
     "ddp": DDP_STRATEGY,
     "ddp_find_unused_parameters_false": DDP_STRATEGY,
     "ddp_spawn": DDP_SPAWN_STRATEGY,
@@ -80,6 +83,13 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             description="DDP over 'tpu_dist', one spawned process per 'tpu' device, no device_ids",
             distributed=True,
             init_kwargs={"start_method": "spawn"},
+        ),
+        StrategyEntry(
+            FSDP_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUFSDPStrategy",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUFSDPStrategy",
+            description="FSDP2 (fully_shard) on a 'tpu' DeviceMesh, Lightning's ModelParallelStrategy",
+            distributed=True,
         ),
     ]
 
