@@ -236,7 +236,9 @@ def test_the_accelerators_plugin_says_what_lightnings_strategy_name_means_on_it(
     extra_plugins("npu", names_plugin(asked))
     trainer = L.Trainer(accelerator="npu", devices=2, strategy="ddp", logger=False)
     assert type(trainer.strategy) is NpuDDP and len(trainer.strategy.parallel_devices) == 2
-    row = next(d for d in trainer._accelerator_connector.plugin_connector.explanation.as_dicts() if d["role"] == "strategy")
+    row = next(
+        d for d in trainer._accelerator_connector.plugin_connector.explanation.as_dicts() if d["role"] == "strategy"
+    )
     assert row["plugin"] == "npu (test-dist 1.0)"
     assert row["reason"].startswith("Lightning's name 'ddp' on fake_accelerators.FakeAccelerator")
     # a name Lightning keeps for itself: the plugin answers None, Lightning's class runs

@@ -31,7 +31,11 @@ def _run(api: str, accelerator: str, tmp_path, strategy: str = "ddp") -> dict:  
         GLOO_SOCKET_IFNAME="lo",
     )
     result = subprocess.run(
-        [sys.executable, SCRIPT, api, accelerator, strategy, output], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, SCRIPT, api, accelerator, strategy, output],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return torch.load(output, weights_only=False)

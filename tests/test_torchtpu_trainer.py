@@ -185,6 +185,7 @@ def test_lightnings_names_with_no_tpu_form_are_refused_naming_those_that_run(nam
 
 def test_a_strategy_instance_is_used_as_given_and_lightnings_own_ddp_instance_refused():
     from lightning.pytorch.strategies import DDPStrategy
+
     from torchtpu_plugins.strategies import TorchTPUDDPStrategy
 
     mine = TorchTPUDDPStrategy(start_method="spawn")

@@ -7,8 +7,8 @@ TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environme
 accelerators); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address on the loopback. Rank 0
 saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices", "world_size", "start_method"}`` to
 OUTPUT, from the process that trained (a spawned one too): the per-step losses of rank 0's batches, and the
-device types of the parameters and the optimizer state seen during the fit. The Trainer's ModelCheckpoint writes ``last.ckpt`` during the fit
-into OUTPUT's name without extension plus ``-ckpt``.
+device types of the parameters and the optimizer state seen during the fit. The Trainer's ModelCheckpoint
+writes ``last.ckpt`` during the fit into OUTPUT's name without extension plus ``-ckpt``.
 """
 
 from __future__ import annotations

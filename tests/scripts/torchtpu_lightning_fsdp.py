@@ -99,7 +99,9 @@ def _loader() -> DataLoader:
 
 def fabric_main(accelerator: str, output: str) -> None:
     strategy = (
-        "fsdp" if accelerator == "tpu" else FabricModelParallelStrategy(_shard, data_parallel_size=2, tensor_parallel_size=1)
+        "fsdp"
+        if accelerator == "tpu"
+        else FabricModelParallelStrategy(_shard, data_parallel_size=2, tensor_parallel_size=1)
     )
     fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy)
     fabric.launch()

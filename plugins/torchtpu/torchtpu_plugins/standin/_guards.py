@@ -68,7 +68,7 @@ def _resize(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
 
 
 def install() -> None:
-    """Route ``UntypedStorage(n, device="tpu")``, ``clone()`` and ``resize_()`` of a ``"tpu"`` storage to host memory."""
+    """Route ``UntypedStorage(n, device="tpu")``, ``clone()`` and ``resize_()`` of ``"tpu"`` storages (host memory)."""
     torch.UntypedStorage.__new__ = _new  # type: ignore[method-assign]
     torch.UntypedStorage.clone = _clone  # type: ignore[method-assign, assignment]
     torch.UntypedStorage.resize_ = _resize  # type: ignore[method-assign, assignment]
