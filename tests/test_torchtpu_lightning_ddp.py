@@ -20,8 +20,8 @@ pytestmark = pytest.mark.torchtpu
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torchtpu_lightning_ddp.py")
 
 
-def _run(api: str, accelerator: str, tmp_path, strategy: str = "ddp") -> dict:  # type: ignore[no-untyped-def]
-    output = str(tmp_path / f"{api}-{accelerator}-{strategy}.pt")
+def run_two_processes(script: str, *args: str, output: str) -> dict:
+    """Run ``script`` with ``args`` and ``output`` on two stand-in devices (loopback rendezvous); load ``output``."""
     env = dict(
         os.environ,
         TORCHTPU_PLUGINS_DEVICE="cpu",
@@ -30,15 +30,16 @@ def _run(api: str, accelerator: str, tmp_path, strategy: str = "ddp") -> dict:  
         MASTER_PORT=_free_port(),
         GLOO_SOCKET_IFNAME="lo",
     )
-    result = subprocess.run(
-        [sys.executable, SCRIPT, api, accelerator, strategy, output],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = [sys.executable, script, *args, output]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return torch.load(output, weights_only=False)
+
+
+def _run(api: str, accelerator: str, tmp_path, strategy: str = "ddp") -> dict:  # type: ignore[no-untyped-def]
+    return run_two_processes(
+        SCRIPT, api, accelerator, strategy, output=str(tmp_path / f"{api}-{accelerator}-{strategy}.pt")
+    )
 
 
 @pytest.fixture(scope="module")

@@ -9,32 +9,17 @@ mesh of both processes); the same for a Fabric loop. Every address is on the loo
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from test_torchtpu_distributed import _free_port
+from test_torchtpu_lightning_ddp import run_two_processes
 
 pytestmark = pytest.mark.torchtpu
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torchtpu_lightning_fsdp.py")
 
 
 def _run(api: str, accelerator: str, tmp_path) -> dict:  # type: ignore[no-untyped-def]
-    output = str(tmp_path / f"{api}-{accelerator}.pt")
-    env = dict(
-        os.environ,
-        TORCHTPU_PLUGINS_DEVICE="cpu",
-        TORCHTPU_PLUGINS_DEVICE_COUNT="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=_free_port(),
-        GLOO_SOCKET_IFNAME="lo",
-    )
-    result = subprocess.run(
-        [sys.executable, SCRIPT, api, accelerator, output], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return torch.load(output, weights_only=False)
+    return run_two_processes(SCRIPT, api, accelerator, output=str(tmp_path / f"{api}-{accelerator}.pt"))
 
 
 @pytest.mark.parametrize(

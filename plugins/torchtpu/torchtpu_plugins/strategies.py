@@ -179,15 +179,28 @@ def shard_each_child(module: Module, device_mesh: Any) -> Module:
     return module
 
 
-def _data_parallel_only(strategy: ModelParallelStrategy | FabricModelParallelStrategy) -> None:
-    """An ``"auto"`` mesh of ``strategy``: every process on the data-parallel dimension (FSDP)."""
-    if strategy._data_parallel_size == "auto":
-        strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
-    if strategy._tensor_parallel_size == "auto":
-        strategy._tensor_parallel_size = 1
+class _OnTPUMesh:
+    """Lightning's ``ModelParallelStrategy`` (Trainer or Fabric) on the bound ``"tpu"`` device, and an ``"auto"``
+    mesh with every process on the data-parallel dimension (FSDP)."""
+
+    _data_parallel_size: Any
+    _tensor_parallel_size: Any
+    num_nodes: int
+    num_processes: int
+
+    @property
+    def root_device(self) -> torch.device:
+        return _bound_device()
+
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        if self._tensor_parallel_size == "auto":
+            self._tensor_parallel_size = 1
+        super().setup_environment()  # type: ignore[misc]
 
 
-class TorchTPUFSDPStrategy(ModelParallelStrategy):
+class TorchTPUFSDPStrategy(_OnTPUMesh, ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (FSDP2) on TorchTPU's ``"tpu"`` mesh, data parallel by default.
 
     A LightningModule without ``configure_model`` is sharded by :func:`shard_each_child`; one with it
@@ -195,19 +208,16 @@ class TorchTPUFSDPStrategy(ModelParallelStrategy):
     distributed checkpoint folder by default (not verified on TPU).
     """
 
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return _bound_device()
-
     @override
     def setup_environment(self) -> None:
-        _data_parallel_only(self)
         super().setup_environment()
         # on "tpu" before configure_model shards it: fully_shard moves a CPU module with `param.data = ...`,
-        # which the stand-in's "tpu" tensors refuse (a different tensor type); meta parameters stay meta
-        assert self.lightning_module is not None
-        _move_keeping_parameters(self.lightning_module, self.root_device)
+        # which the stand-in's "tpu" tensors refuse (a different tensor type); a module on "meta" stays there
+        # (Lightning materializes it on the device after sharding)
+        module = self.lightning_module
+        assert module is not None
+        if not any(parameter.is_meta for parameter in module.parameters()):
+            _move_keeping_parameters(module, self.root_device)
 
     @override
     def _setup_distributed(self) -> None:
@@ -226,7 +236,7 @@ class TorchTPUFSDPStrategy(ModelParallelStrategy):
         super().setup(trainer)
 
 
-class FabricTorchTPUFSDPStrategy(FabricModelParallelStrategy):
+class FabricTorchTPUFSDPStrategy(_OnTPUMesh, FabricModelParallelStrategy):
     """Fabric's ``ModelParallelStrategy`` (FSDP2) on TorchTPU's ``"tpu"`` mesh, data parallel by default.
 
     Args:
@@ -236,16 +246,6 @@ class FabricTorchTPUFSDPStrategy(FabricModelParallelStrategy):
 
     def __init__(self, parallelize_fn: Any = shard_each_child, **kwargs: Any) -> None:
         super().__init__(parallelize_fn, **kwargs)
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return _bound_device()
-
-    @override
-    def setup_environment(self) -> None:
-        _data_parallel_only(self)
-        super().setup_environment()
 
     @override
     def setup_module(self, module: Module) -> Module:
