@@ -1,11 +1,13 @@
 """One Lightning script trained fully sharded (torch's FSDP2) in two processes through Lightning's own launcher.
 
-Usage: ``python torchtpu_lightning_fsdp.py API ACCELERATOR OUTPUT``, API ``trainer`` (a LightningModule under
-``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop). ``accelerator="tpu"`` (the stand-in:
-TORCHTPU_PLUGINS_DEVICE=cpu, TORCHTPU_PLUGINS_DEVICE_COUNT=2) runs ``strategy="fsdp"`` with a module that
-does not shard itself; ``accelerator="cpu"`` is the reference: Lightning's own ``ModelParallelStrategy`` on
-gloo with a data-parallel mesh of both processes, the module sharding each child layer with ``fully_shard``
-itself. MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address on the loopback. Rank 0 saves
+Usage: ``python torchtpu_lightning_fsdp.py API ACCELERATOR MODULE OUTPUT``, API ``trainer`` (a LightningModule
+under ``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop). ``accelerator="tpu"`` (the stand-in:
+TORCHTPU_PLUGINS_DEVICE=cpu, TORCHTPU_PLUGINS_DEVICE_COUNT=2) runs ``strategy="fsdp"``; ``accelerator="cpu"`` is
+the reference: Lightning's own ``ModelParallelStrategy`` on gloo with a data-parallel mesh of both processes.
+MODULE (Trainer) ``self-sharding`` (the reference's, and on "tpu" too) shards each child layer with
+``fully_shard`` in ``configure_model``, as Lightning's ModelParallelStrategy asks; ``plain`` leaves the sharding
+to the strategy. Fabric shards the same layers: on "cpu" its ``parallelize_fn``, on "tpu" the strategy.
+MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address on the loopback. Rank 0 saves
 ``{"losses", "state" (full CPU tensors), "strategy", "backend", "devices", "sharded", "world_size"}`` to OUTPUT.
 """
 
@@ -97,7 +99,8 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)  # 4 steps per rank
 
 
-def fabric_main(accelerator: str, output: str) -> None:
+def fabric_main(accelerator: str, module_kind: str, output: str) -> None:
+    # Fabric on "tpu": strategy="fsdp" by name shards each child layer as _shard does (MODULE is not read)
     strategy = (
         "fsdp"
         if accelerator == "tpu"
@@ -120,9 +123,9 @@ def fabric_main(accelerator: str, output: str) -> None:
     _save(output, model, fabric.strategy, devices, fabric.world_size, fabric.global_rank)
 
 
-def main(accelerator: str, output: str) -> None:
+def main(accelerator: str, module_kind: str, output: str) -> None:
     L.seed_everything(0, verbose=False)
-    model = Regression() if accelerator == "tpu" else SelfSharding()
+    model = Regression() if module_kind == "plain" else SelfSharding()
     model.output = output
     strategy = "fsdp" if accelerator == "tpu" else ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
     trainer = L.Trainer(
@@ -139,4 +142,4 @@ def main(accelerator: str, output: str) -> None:
 
 
 if __name__ == "__main__":
-    (main if sys.argv[1] == "trainer" else fabric_main)(sys.argv[2], sys.argv[3])
+    (main if sys.argv[1] == "trainer" else fabric_main)(sys.argv[2], sys.argv[3], sys.argv[4])
