@@ -194,3 +194,91 @@ def test_a_plugin_the_pair_does_not_belong_to_is_not_heard_and_an_owners_false_s
     extra_plugins("own", refusal_plugin(False))
     connector = trainer_plugins.Connector("trainer")
     assert connector.accepts_lightning_refusal(refusal, CPUAccelerator(), OwnSingleDevice(device=cpu)) is False
+
+
+class NpuDDP(DDPStrategy):
+    """A plugin's DDP for its accelerator."""
+
+
+def names_plugin(asked: list, answer=None):
+    """Owns accelerator ``npu`` and strategy ``npu_ddp``; says Lightning's ``"ddp"``/``"fsdp"`` mean ``npu_ddp`` on it.
+
+    Each question is appended to ``asked``; ``answer`` (a name, or an exception to raise) replaces the plugin's own.
+    """
+
+    def strategy_for_name(name, accelerator, api):
+        from fake_accelerators import FakeAccelerator
+
+        if not isinstance(accelerator, FakeAccelerator):
+            return None
+        asked.append((name, api))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer or ("npu_ddp" if name in ("ddp", "fsdp") else None)
+
+    return make_plugin(
+        api=">=1.3,<2",
+        accelerators=lambda: [AcceleratorEntry("npu", trainer=FAKE, fabric=FAKE)],
+        strategies=lambda: [
+            StrategyEntry(
+                "npu_ddp",
+                trainer="test_connector_plugins:NpuDDP",
+                fabric="lightning.fabric.strategies:DDPStrategy",
+                distributed=True,
+            )
+        ],
+        strategy_for_name=strategy_for_name,
+    )
+
+
+def test_the_accelerators_plugin_says_what_lightnings_strategy_name_means_on_it(extra_plugins):
+    asked: list = []
+    extra_plugins("npu", names_plugin(asked))
+    trainer = L.Trainer(accelerator="npu", devices=2, strategy="ddp", logger=False)
+    assert type(trainer.strategy) is NpuDDP and len(trainer.strategy.parallel_devices) == 2
+    row = next(
+        d for d in trainer._accelerator_connector.plugin_connector.explanation.as_dicts() if d["role"] == "strategy"
+    )
+    assert row["plugin"] == "npu (test-dist 1.0)"
+    assert row["reason"].startswith("Lightning's name 'ddp' on fake_accelerators.FakeAccelerator")
+    # a name Lightning keeps for itself: the plugin answers None, Lightning's class runs
+    assert type(L.Trainer(accelerator="npu", devices=2, strategy="ddp_spawn", logger=False).strategy) is DDPStrategy
+    # Lightning's own accelerator: the plugin is asked nothing it answers
+    assert type(L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False).strategy) is DDPStrategy
+    assert asked == [("ddp", "trainer"), ("ddp_spawn", "trainer")]
+
+
+def test_fsdp_by_name_reaches_the_plugins_strategy_before_lightnings_gpu_only_check(extra_plugins):
+    asked: list = []
+    extra_plugins("npu", names_plugin(asked))
+    assert type(L.Trainer(accelerator="npu", devices=2, strategy="fsdp", logger=False).strategy) is NpuDDP
+    fabric = L.Fabric(accelerator="npu", devices=2, strategy="fsdp")
+    assert type(fabric.strategy).__name__ == "DDPStrategy" and fabric.strategy.__module__.startswith("lightning.fabric")
+    assert asked == [("fsdp", "trainer"), ("fsdp", "fabric")]
+
+
+def test_a_pin_an_instance_and_a_plugins_own_name_are_used_as_given_unasked(extra_plugins, monkeypatch):
+    asked: list = []
+    extra_plugins("npu", names_plugin(asked))
+    mine = DDPStrategy()
+    assert L.Trainer(accelerator="npu", devices=2, strategy=mine, logger=False).strategy is mine
+    assert type(L.Trainer(accelerator="npu", devices=2, strategy="npu_ddp", logger=False).strategy) is NpuDDP
+    monkeypatch.setenv("TRAINER_PLUGINS_PIN_STRATEGY", "ddp")
+    assert type(L.Trainer(accelerator="npu", devices=2, logger=False).strategy) is DDPStrategy
+    assert asked == []
+
+
+def test_the_plugins_refusal_of_a_name_reaches_the_user_naming_the_plugin(extra_plugins):
+    extra_plugins("npu", names_plugin([], answer=ValueError("strategy='ddp' cannot run on npu: use 'npu_ddp'")))
+    with pytest.raises(ValueError, match=r"^strategy='ddp' cannot run on npu: use 'npu_ddp'\n.*plugin npu \(test-dist"):
+        L.Trainer(accelerator="npu", devices=2, strategy="ddp", logger=False)
+
+
+def test_a_name_answered_that_no_strategy_has_is_the_plugins_error(extra_plugins):
+    extra_plugins("npu", names_plugin([], answer="warp_ddp"))
+    with pytest.raises(
+        PluginError,
+        match=r"plugin npu \(test-dist 1.0\) answered trainer_plugins_strategy_for_name\('ddp'\) with 'warp_ddp',"
+        r" which names no strategy of lightning.Trainer; registered: ddp, ",
+    ):
+        L.Trainer(accelerator="npu", devices=2, strategy="ddp", logger=False)

@@ -15,9 +15,9 @@ def strategies(*names: str):
 @pytest.mark.parametrize(
     ("api", "reason"),
     [
-        (None, "declares no TRAINER_PLUGINS_API; this trainer-plugins implements hookspec API 1.2"),
+        (None, "declares no TRAINER_PLUGINS_API; this trainer-plugins implements hookspec API 1.3"),
         ("banana", "TRAINER_PLUGINS_API='banana' is not a version specifier such as '>=1.0,<2'"),
-        (">=2.0", "supports hookspec API >=2.0, but this trainer-plugins implements 1.2"),
+        (">=2.0", "supports hookspec API >=2.0, but this trainer-plugins implements 1.3"),
     ],
 )
 def test_a_plugin_without_a_matching_api_version_is_quarantined_with_the_reason(api, reason):

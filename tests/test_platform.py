@@ -81,7 +81,7 @@ def test_list_reports_every_plugin_with_its_state_and_why_without_probing_or_imp
         plugins["raising_hook"]["reason"]
         == "hook trainer_plugins_strategies raised: RuntimeError: strategy table corrupted"
     )
-    assert plugins["wrong_api"]["reason"] == "supports hookspec API >=2.0,<3, but this trainer-plugins implements 1.2"
+    assert plugins["wrong_api"]["reason"] == "supports hookspec API >=2.0,<3, but this trainer-plugins implements 1.3"
     assert [item["name"] for item in plugins["localsgd"]["provides"]["strategy"]] == ["local_sgd", "local_sgd_8"]
     assert (
         "strategy 'twin' is claimed by twin_a (tp-fixture-twin-a 1.0.0), twin_b (tp-fixture-twin-b 1.0.0);"

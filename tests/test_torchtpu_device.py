@@ -214,6 +214,15 @@ def test_device_count_variable_is_checked(monkeypatch):
             _device_module._count()
 
 
+def test_a_storage_resized_to_nothing_or_its_own_size_keeps_its_memory_and_values_as_fsdp2_needs():
+    x = torch.arange(3.0, device="tpu")
+    storage = x.untyped_storage()
+    assert storage.resize_(0) is storage and storage.resize_(12) is storage  # FSDP2's free, then re-allocation
+    assert storage.nbytes() == 12 and torch.equal(x.cpu(), torch.arange(3.0))
+    cpu = torch.ones(2).untyped_storage()
+    assert cpu.resize_(0).nbytes() == 0  # other devices' storages resize as torch does
+
+
 def test_what_the_standin_cannot_do_raises_instead_of_crashing():
     x = torch.ones(3, device="tpu")
     with pytest.raises(RuntimeError, match="binds each process to device tpu:0"):
@@ -222,7 +231,7 @@ def test_what_the_standin_cannot_do_raises_instead_of_crashing():
         torch.tpu.device(1)
     with pytest.raises(NotImplementedError, match="getNewGenerator"):
         torch.Generator("tpu")
-    with pytest.raises(NotImplementedError, match="resizePrivateUse1Bytes"):
+    with pytest.raises(RuntimeError, match="cannot resize a 'tpu' storage of 12 bytes to 64 bytes"):
         x.untyped_storage().resize_(64)
     with pytest.raises(RuntimeError, match="byte count only"):
         torch.UntypedStorage([1, 2], device="tpu")

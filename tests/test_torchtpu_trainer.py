@@ -127,9 +127,77 @@ def test_strategy_auto_with_one_device_is_the_single_device_strategy_on_tpu():
     assert trainer.strategy.root_device == torch.device("tpu", 0)
 
 
-def test_lightnings_own_ddp_on_tpu_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"DDPStrategy cannot run on accelerator 'tpu'.*'ddp_torchtpu'"):
-        L.Trainer(accelerator="tpu", devices=1, strategy="ddp", logger=False)
+@pytest.mark.parametrize(
+    ("name", "strategy", "start_method"),
+    [
+        ("ddp", "TorchTPUDDPStrategy", "popen"),
+        ("ddp_find_unused_parameters_false", "TorchTPUDDPStrategy", "popen"),
+        ("ddp_spawn", "TorchTPUDDPStrategy", "spawn"),
+        ("single_device", "TorchTPUSingleDeviceStrategy", None),
+        ("fsdp", "TorchTPUFSDPStrategy", None),
+    ],
+)
+def test_lightnings_strategy_names_on_tpu_build_this_plugins_strategies(name, strategy, start_method):
+    trainer = L.Trainer(accelerator="tpu", devices=1, strategy=name, logger=False)
+    assert type(trainer.strategy).__name__ == strategy
+    assert trainer.strategy.root_device == torch.device("tpu", 0)
+    assert getattr(trainer.strategy, "_start_method", None) == start_method
+    decision = next(d for d in trainer._accelerator_connector.plugin_connector.explanation if d.role == "strategy")
+    assert decision.plugin.startswith("torchtpu ") and f"Lightning's name {name!r}" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy", "start_method"),
+    [("ddp", "FabricTorchTPUDDPStrategy", "popen"), ("ddp_spawn", "FabricTorchTPUDDPStrategy", "spawn"),
+     ("fsdp", "FabricTorchTPUFSDPStrategy", None)],
+)  # fmt: skip
+def test_fabric_strategies_by_lightnings_name_on_tpu_are_this_plugins(name, strategy, start_method):
+    fabric = L.Fabric(accelerator="tpu", devices=1, strategy=name)
+    assert type(fabric.strategy).__name__ == strategy
+    assert getattr(fabric.strategy, "_start_method", None) == start_method
+
+
+@pytest.mark.parametrize("name", ["auto", "ddp"])
+def test_two_devices_counted_by_a_mock_get_ddp_on_tpu_from_auto_and_from_ddp(name, monkeypatch):
+    from torchtpu_plugins import _device
+
+    monkeypatch.setattr(_device, "device_count", lambda: 2)  # the stand-in of this process reports one device
+    trainer = L.Trainer(accelerator="tpu", devices="auto", strategy=name, logger=False)
+    assert type(trainer.strategy).__name__ == "TorchTPUDDPStrategy"
+    assert trainer.strategy.parallel_devices == [torch.device("tpu", 0), torch.device("tpu", 1)]
+    fabric = L.Fabric(accelerator="tpu", devices=2, strategy=name)
+    assert type(fabric.strategy).__name__ == "FabricTorchTPUDDPStrategy"
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("ddp_fork", "TorchTPU cannot fork"),
+        ("ddp_notebook", "TorchTPU cannot fork"),
+        ("ddp_find_unused_parameters_true", "marks find_unused_parameters=True as failing"),
+        ("deepspeed", "no 'tpu' form"),
+    ],
+)
+def test_lightnings_names_with_no_tpu_form_are_refused_naming_those_that_run(name, why):
+    with pytest.raises(ValueError, match=rf"strategy={name!r} cannot run on accelerator 'tpu'.*{why}.*'ddp' \(ddp_"):
+        L.Trainer(accelerator="tpu", devices=1, strategy=name, logger=False)
+
+
+def test_a_strategy_instance_is_used_as_given_and_lightnings_own_ddp_instance_refused():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from torchtpu_plugins.strategies import TorchTPUDDPStrategy
+
+    mine = TorchTPUDDPStrategy(start_method="spawn")
+    assert L.Trainer(accelerator="tpu", devices=1, strategy=mine, logger=False).strategy is mine
+    with pytest.raises(ValueError, match=r"DDPStrategy cannot run on accelerator 'tpu'.*strategy='ddp' by name"):
+        L.Trainer(accelerator="tpu", devices=1, strategy=DDPStrategy(), logger=False)
+
+
+def test_a_pinned_lightning_name_is_used_as_given(monkeypatch):
+    monkeypatch.setenv("TRAINER_PLUGINS_PIN_STRATEGY", "ddp")
+    with pytest.raises(ValueError, match=r"DDPStrategy cannot run on accelerator 'tpu'"):
+        L.Trainer(accelerator="tpu", devices=1, logger=False)
 
 
 def test_an_unsupported_precision_on_tpu_is_refused_naming_the_valid_ones():

@@ -58,6 +58,7 @@ class Connector:
         self.run = Run()
         self.explanation = Explanation()
         self._whitelist: Optional[tuple[type, ...]] = None
+        self._pinned_strategy: Optional[str] = None  # the name strategy="auto" took from the pin
 
     @property
     def catalog(self) -> Catalog:
@@ -209,6 +210,7 @@ class Connector:
         """
         pinned = self._pin("strategy")
         if pinned:
+            self._pinned_strategy = pinned
             return pinned
         owners = self._owners(accelerator=accelerator)
         answer = self._ask_first(
@@ -239,6 +241,46 @@ class Connector:
             f"plugin accelerator without a strategy choice, on {parallel_devices[0]}",
         )
         return single
+
+    def strategy_for_name(self, flag: Any, accelerator: Any) -> Any:
+        """The strategy that ``flag``, one of Lightning's names, means on ``accelerator``; else ``flag`` unchanged.
+
+        Asks the accelerator's plugin (``trainer_plugins_strategy_for_name``), which may name its own
+        strategy for it (``"ddp"`` on its device) or refuse it. A strategy instance, a plugin's name
+        and a name pinned by ``TRAINER_PLUGINS_PIN_STRATEGY`` are returned unchanged, unasked.
+
+        Raises:
+            ValueError: the plugin refuses ``flag`` on its accelerator (its message, unchanged).
+            PluginError: the plugin answered a name that no strategy registered for this api has.
+        """
+        if not isinstance(flag, str) or flag == self._pinned_strategy:
+            return flag
+        claim = self.catalog.find("strategy", flag.lower())
+        if claim is None or not claim.builtin:
+            return flag
+        answer = self._ask_first(
+            "trainer_plugins_strategy_for_name",
+            self._owners(accelerator=accelerator),
+            name=flag.lower(),
+            accelerator=accelerator,
+        )
+        if answer is None:
+            return flag
+        record, name = answer
+        registered = self.catalog.names("strategy", self.api)
+        if name not in registered:
+            error = PluginError(
+                f"plugin {record.label} answered trainer_plugins_strategy_for_name({flag.lower()!r}) with {name!r},"
+                f" which names no strategy of lightning.{self.api.capitalize()}; registered: {', '.join(registered)}"
+            )
+            error.plugin = record
+            raise error
+        decided = any(decision.role == "strategy" for decision in self.explanation)
+        reason = f"Lightning's name {flag!r} on {describe(accelerator)}"
+        self.note("strategy", name, record.label, reason)
+        if decided:
+            self.explanation.add_reason("strategy", f"{reason} means {name!r} ({record.label})")
+        return name
 
     def make_strategy(self, name: str, parallel_devices: list[Any]) -> Optional[Any]:
         """Build a plugin-provided strategy by name, or ``None`` when ``name`` is Lightning's.

@@ -37,8 +37,9 @@ PROJECT_NAME = "trainer_plugins"
 #: Compatibility: an added hook or an added optional argument raises the minor version (a plugin
 #: written for ``1.0`` works unchanged; one using the addition declares ``>=1.1``); a removed or
 #: changed hook, argument or answer raises the major version. 1.1 added
-#: :func:`trainer_plugins_accept_lightning_refusal`; 1.2 :func:`trainer_plugins_launch_environment`.
-HOOKSPEC_VERSION = "1.2"
+#: :func:`trainer_plugins_accept_lightning_refusal`; 1.2 :func:`trainer_plugins_launch_environment`;
+#: 1.3 :func:`trainer_plugins_strategy_for_name`.
+HOOKSPEC_VERSION = "1.3"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -99,6 +100,32 @@ def trainer_plugins_select_strategy(
 
     Returns:
         A registered strategy name, or ``None`` when the accelerator is not this plugin's.
+    """
+
+
+@hookspec(firstresult=True)
+def trainer_plugins_strategy_for_name(name: str, accelerator: Any, api: str) -> Optional[str]:
+    """Name your strategy that one of Lightning's strategy names means on your accelerator (API 1.2).
+
+    Lightning does this for its own XLA accelerator only (Fabric's ``strategy="fsdp"`` on
+    ``accelerator="tpu"`` becomes ``"xla_fsdp"``); this hook lets the plugin of any accelerator do
+    it, so that an unchanged script's ``strategy="ddp"`` runs that plugin's DDP class on its device.
+    Asked once the accelerator exists, before Lightning checks and builds the strategy, when the
+    user's ``strategy`` (or the name ``strategy="auto"`` resolved to) is one of Lightning's own
+    names. Never asked for a strategy instance, a plugin's name, or a name pinned with
+    ``TRAINER_PLUGINS_PIN_STRATEGY``: those are used as given.
+
+    Args:
+        name: the Lightning strategy name, lower case (``"ddp"``, ``"ddp_spawn"``, ``"fsdp"``, ...).
+        accelerator: the Lightning ``Accelerator`` instance of the run.
+        api: ``"trainer"`` or ``"fabric"``.
+
+    Returns:
+        A strategy name registered for ``api`` (usually one of yours) to use instead, or ``None``
+        to keep Lightning's meaning (always ``None`` when the accelerator is not yours).
+
+    Raises:
+        ValueError: ``name`` cannot run on this accelerator; the message names it and the choices.
     """
 
 

@@ -104,6 +104,8 @@ class _PluginConnectorMixin:
             self._registered_strategies = lightning_strategies
 
     def _check_strategy_and_fallback(self) -> None:
+        # before Lightning's checks: they refuse "fsdp" on any accelerator but CUDA (Fabric: XLA's "tpu" too)
+        self._strategy_flag = self.plugin_connector.strategy_for_name(self._strategy_flag, self.accelerator)
         try:
             super()._check_strategy_and_fallback()  # type: ignore[misc]
         except ValueError as error:

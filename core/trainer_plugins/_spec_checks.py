@@ -22,6 +22,8 @@ PROBE_HOOK = "trainer_plugins_accelerator_available"
 QUIET_HOOKS = frozenset({*_hookspecs.DECLARATION_HOOKS.values(), "trainer_plugins_doctor"})
 #: Hooks whose answer is ``True``, ``False`` or ``None``.
 BOOLEAN_HOOKS = frozenset({PROBE_HOOK, "trainer_plugins_accept_lightning_refusal"})
+#: Hooks whose answer is a name (a non-empty ``str``) or ``None``.
+NAME_HOOKS = frozenset({"trainer_plugins_strategy_for_name"})
 _ROLE_OF_DECLARATION = {hook: role for role, hook in _hookspecs.DECLARATION_HOOKS.items()}
 #: Decision hook -> (role whose Lightning base class the answer must be an instance of, names allowed).
 _DECISION_KINDS = {
@@ -113,6 +115,8 @@ def wrong_kind(hook_name: str, result: Any, api: Any) -> str:
             return f"{_kind(result)}; expected a dict of str to str or None"
         wrong = [(k, v) for k, v in result.items() if not (isinstance(k, str) and k and isinstance(v, str))]
         return f"a dict holding {wrong[0]!r}; expected non-empty str names and str values" if wrong else ""
+    if hook_name in NAME_HOOKS:
+        return "" if isinstance(result, str) and result else f"{_kind(result)}; expected a registered name or None"
     if hook_name == "trainer_plugins_doctor":
         return "" if isinstance(result, Mapping) else f"{_kind(result)}; expected a dict or None"
     if hook_name in _DECISION_KINDS and api in APIS:

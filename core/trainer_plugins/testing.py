@@ -12,7 +12,8 @@ hookspec API; its hook implementations match the specification; every declared c
 subclasses the Lightning base of its role; its names are unique and take no Lightning or other
 plugin's name without ``override=True``; its declarations and probes import no device runtime and
 change no environment variable; its pre-start environment hook, if any, answers only for its own
-runs and writes no variable; loading it twice changes nothing.
+runs and writes no variable; loading it twice changes nothing; Lightning's strategy names keep
+their meaning on Lightning's own accelerators.
 
 The fixtures ``trainer_plugins_manager`` and ``trainer_plugins_catalog`` (a freshly discovered
 plugin set, independent of the process-wide one) are available to any test. Importing this module
@@ -182,6 +183,28 @@ class PluginConformance:
         assert changed == [], f"trainer_plugins_launch_environment wrote {changed} into os.environ"
         ours = [answer for owner, answer in answers if owner.name == self.plugin]
         assert ours == [], f"trainer_plugins_launch_environment answered {ours[0]!r} for Lightning's CPU run"
+
+    def test_lightnings_strategy_names_keep_their_meaning_on_lightnings_accelerators(
+        self, trainer_plugins_manager: Any, record: Any
+    ) -> None:
+        """``trainer_plugins_strategy_for_name`` answers ``None`` for every Lightning name on Lightning's CPU."""
+        from lightning.fabric.accelerators import CPUAccelerator as FabricCPUAccelerator
+        from lightning.pytorch.accelerators import CPUAccelerator
+
+        from trainer_plugins._builtin import STRATEGIES
+
+        for api, accelerator in (("trainer", CPUAccelerator()), ("fabric", FabricCPUAccelerator())):
+            for name in (name for entry in STRATEGIES if entry.class_path(api) for name in entry.names):
+                answer = trainer_plugins_manager.call_first(
+                    "trainer_plugins_strategy_for_name",
+                    frozenset({self.plugin}),
+                    name=name,
+                    accelerator=accelerator,
+                    api=api,
+                )
+                assert answer is None or answer[0].name != self.plugin, (
+                    f"strategy={name!r} on Lightning's CPU ({api}) was answered {answer[1]!r}"
+                )
 
     def test_loading_twice_changes_nothing(self, trainer_plugins_manager: Any, record: Any) -> None:
         from trainer_plugins import Catalog

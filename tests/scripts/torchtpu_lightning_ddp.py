@@ -1,13 +1,14 @@
 """One Lightning script trained with two-process DDP through Lightning's own launcher (a rerun of this script).
 
-Usage: ``python torchtpu_lightning_ddp.py API ACCELERATOR OUTPUT``, API ``trainer`` (a LightningModule under
-``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop), with ``accelerator="tpu"`` (the stand-in:
-TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environment, strategy="auto") or
-``"cpu"`` (strategy="ddp", gloo); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address
-on the loopback. Rank 0 saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices"}`` to
-OUTPUT: the per-step losses of rank 0's batches, and the device types of the parameters and the
-optimizer state seen during the fit. The Trainer's ModelCheckpoint writes ``last.ckpt`` during the fit
-into OUTPUT's name without extension plus ``-ckpt``.
+Usage: ``python torchtpu_lightning_ddp.py API ACCELERATOR STRATEGY OUTPUT``, API ``trainer`` (a LightningModule
+under ``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop), with ``accelerator="tpu"`` (the stand-in:
+TORCHTPU_PLUGINS_DEVICE=cpu and TORCHTPU_PLUGINS_DEVICE_COUNT=2 in the environment) or ``"cpu"`` (gloo), and
+``strategy=STRATEGY`` (``"ddp"``, ``"ddp_spawn"``, ``"auto"``: Lightning's names, unchanged between the two
+accelerators); MASTER_ADDR/MASTER_PORT and GLOO_SOCKET_IFNAME=lo keep every address on the loopback. Rank 0
+saves ``{"losses", "state" (CPU tensors), "strategy", "backend", "devices", "world_size", "start_method"}`` to
+OUTPUT, from the process that trained (a spawned one too): the per-step losses of rank 0's batches, and the
+device types of the parameters and the optimizer state seen during the fit. The Trainer's ModelCheckpoint
+writes ``last.ckpt`` during the fit into OUTPUT's name without extension plus ``-ckpt``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Regression(L.LightningModule):
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
         self.losses: list[float] = []
         self.devices_seen: set[str] = set()
+        self.output = ""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -37,6 +39,10 @@ class Regression(L.LightningModule):
         loss = nn.functional.mse_loss(self(x), y)
         self.losses.append(loss.item())
         return loss
+
+    def on_train_end(self) -> None:
+        if self.trainer.global_rank == 0:
+            _save(self.output, self, self.trainer.strategy, self.devices_seen, self.trainer.world_size)
 
     def on_train_batch_end(self, *args: object) -> None:
         self.devices_seen |= {p.device.type for p in self.parameters()}
@@ -56,6 +62,7 @@ def _save(output: str, model: Regression, strategy: object, devices: set[str], w
         "backend": strategy._process_group_backend,  # type: ignore[attr-defined]
         "devices": devices,
         "world_size": world_size,
+        "start_method": getattr(strategy, "_start_method", None),
     }
     torch.save(run, output)
 
@@ -86,22 +93,23 @@ def fabric_fit(fabric: L.Fabric) -> tuple[Regression, nn.Module, set[str]]:
     return model, module, devices
 
 
-def fabric_main(accelerator: str, output: str) -> None:
-    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="auto" if accelerator == "tpu" else "ddp")
+def fabric_main(accelerator: str, strategy: str, output: str) -> None:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy)
     fabric.launch()
     model, _, devices = fabric_fit(fabric)
     if fabric.global_rank == 0:
         _save(output, model, fabric.strategy, devices, fabric.world_size)
 
 
-def main(accelerator: str, output: str) -> None:
+def main(accelerator: str, strategy: str, output: str) -> None:
     L.seed_everything(0, verbose=False)
     loader = _loader()
     model = Regression()
+    model.output = output
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=2,
-        strategy="auto" if accelerator == "tpu" else "ddp",
+        strategy=strategy,
         max_epochs=1,
         logger=False,
         callbacks=[ModelCheckpoint(dirpath=f"{os.path.splitext(output)[0]}-ckpt", save_top_k=0, save_last=True)],
@@ -109,9 +117,7 @@ def main(accelerator: str, output: str) -> None:
         enable_model_summary=False,
     )
     trainer.fit(model, loader)
-    if trainer.global_rank == 0:
-        _save(output, model, trainer.strategy, model.devices_seen, trainer.world_size)
 
 
 if __name__ == "__main__":
-    (main if sys.argv[1] == "trainer" else fabric_main)(sys.argv[2], sys.argv[3])
+    (main if sys.argv[1] == "trainer" else fabric_main)(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from trainer_plugins import AcceleratorEntry, StrategyEntry, hookimpl, package_of, resolve_in
 
-TRAINER_PLUGINS_API = ">=1.2,<2"
+TRAINER_PLUGINS_API = ">=1.3,<2"
 
 _PKG = "torchtpu_plugins"
 #: Names of the TorchTPU accelerator; ``"tpu"`` is Lightning's name, taken so existing scripts run unchanged.
@@ -25,6 +25,24 @@ ACCELERATOR_NAMES = ("torchtpu", "tpu")
 SINGLE_STRATEGY = "single_torchtpu"
 #: The strategy ``strategy="auto"`` means for several ``"tpu"`` devices.
 DDP_STRATEGY = "ddp_torchtpu"
+#: DDP over ``"tpu_dist"`` whose processes Lightning starts with ``torch.multiprocessing``'s spawn.
+DDP_SPAWN_STRATEGY = "ddp_spawn_torchtpu"
+#: Fully sharded training: Lightning's FSDP2 path (``ModelParallelStrategy``) on a ``"tpu"`` mesh.
+FSDP_STRATEGY = "fsdp_torchtpu"
+#: Lightning's strategy names that run on ``"tpu"``, and the strategy of this plugin each means there.
+LIGHTNING_NAMES = {
+    "fsdp": FSDP_STRATEGY,
+    "ddp": DDP_STRATEGY,
+    "ddp_find_unused_parameters_false": DDP_STRATEGY,
+    "ddp_spawn": DDP_SPAWN_STRATEGY,
+    "ddp_spawn_find_unused_parameters_false": DDP_SPAWN_STRATEGY,
+    "single_device": SINGLE_STRATEGY,
+}
+#: Why some of Lightning's other names cannot run on ``"tpu"`` (not verified on TPU).
+_REFUSED = (
+    (("fork", "notebook"), "it forks the workers (so does ddp_notebook); TorchTPU cannot fork an initialised device"),
+    (("find_unused_parameters_true",), "TorchTPU's own DDP example marks find_unused_parameters=True as failing"),
+)
 
 
 @hookimpl
@@ -56,6 +74,21 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
             trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
             fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
             description="DDP over 'tpu_dist', one process per 'tpu' device, no device_ids",
+            distributed=True,
+        ),
+        StrategyEntry(
+            DDP_SPAWN_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
+            description="DDP over 'tpu_dist', one spawned process per 'tpu' device, no device_ids",
+            distributed=True,
+            init_kwargs={"start_method": "spawn"},
+        ),
+        StrategyEntry(
+            FSDP_STRATEGY,
+            trainer=f"{_PKG}.strategies:TorchTPUFSDPStrategy",
+            fabric=f"{_PKG}.strategies:FabricTorchTPUFSDPStrategy",
+            description="FSDP2 (fully_shard) on a 'tpu' DeviceMesh, Lightning's ModelParallelStrategy",
             distributed=True,
         ),
     ]
@@ -99,6 +132,27 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
 
 
 @hookimpl
+def trainer_plugins_strategy_for_name(name: str, accelerator: Any, api: str) -> Optional[str]:
+    """Lightning's strategy ``name`` on ``"tpu"``: this plugin's strategy from :data:`LIGHTNING_NAMES`.
+
+    Raises:
+        ValueError: one of Lightning's other names (``"ddp_fork"``, ``"deepspeed"``, ...), which has
+            no ``"tpu"`` form here; the message says why where known, and lists the names that run.
+    """
+    if not _is_torchtpu_accelerator(accelerator):
+        return None
+    if name in LIGHTNING_NAMES:
+        return LIGHTNING_NAMES[name]
+    default = "torchtpu-plugins has no 'tpu' form of it"
+    why = next((reason for keys, reason in _REFUSED if any(key in name for key in keys)), default)
+    names = ", ".join(f"{lightning!r} ({ours})" for lightning, ours in LIGHTNING_NAMES.items())
+    raise ValueError(
+        f"strategy={name!r} cannot run on accelerator 'tpu' (TorchTPU): {why}. Lightning's names that run there,"
+        f" with the strategy each means: {names}; or strategy='auto'."
+    )
+
+
+@hookimpl
 def trainer_plugins_select_precision(accelerator: Any, precision: str, precision_input: Any, api: str) -> Any:
     if not _is_torchtpu_accelerator(accelerator):
         return None
@@ -115,7 +169,8 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
     if on_tpu and isinstance(strategy, lightning_ddp) and not isinstance(strategy, torchtpu_ddp):
         raise ValueError(
             f"Lightning's {type(strategy).__name__} cannot run on accelerator 'tpu' (TorchTPU): it passes"
-            f" device_ids and opens a CUDA stream. Use strategy='auto' or {DDP_STRATEGY!r} for several 'tpu' devices."
+            f" device_ids and opens a CUDA stream. Pass strategy='ddp' by name (on 'tpu' it means {DDP_STRATEGY!r}),"
+            f" strategy='auto', or an instance of {_PKG}.strategies.{torchtpu_ddp.__name__}."
         )
     if not on_tpu and isinstance(strategy, torchtpu_ddp):
         raise ValueError(

@@ -1,4 +1,4 @@
-"""Lightning's strategies on the ``"tpu"`` device: single device, and DDP over ``"tpu_dist"`` without device ids.
+"""Lightning's strategies on the ``"tpu"`` device: single device, DDP over ``"tpu_dist"`` without device ids, FSDP2.
 
 Every strategy here writes CPU tensors into Trainer checkpoints: a tensor saved from ``"tpu"`` keeps
 that device, a machine without torch_tpu cannot load it, and Lightning's default ``map_location``
@@ -29,6 +29,12 @@ Processes an outside launcher started (torchrun, Ray Train, srun; the cluster en
 the ranks are the launcher's, and a process group that already exists (Ray Train initialises one
 before the user's function runs) is reused with its own backend, once its world size and this
 process's rank agree with the cluster environment's.
+
+Fully sharded training is Lightning's own FSDP2 path, its ``ModelParallelStrategy`` (torch's
+``fully_shard`` on a ``DeviceMesh("tpu")``), with the bound device and the process group as for DDP, and
+a one-dimensional data-parallel mesh over every process (Lightning's default puts the processes of a
+host on its tensor-parallel dimension). A module that shards itself in ``configure_model`` (Trainer)
+or a ``parallelize_fn`` (Fabric) keeps its sharding; otherwise :func:`shard_each_child` shards it.
 """
 
 from __future__ import annotations
@@ -38,12 +44,15 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
+from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallelStrategy
 from lightning.fabric.strategies import SingleDeviceStrategy as FabricSingleDeviceStrategy
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.nn import Module
 from typing_extensions import override
 
@@ -55,7 +64,9 @@ def _bound_device() -> torch.device:
     return torch.device("tpu", torch.accelerator.current_device_index())
 
 
-def _init_process_group(strategy: DDPStrategy | FabricDDPStrategy) -> None:
+def _init_process_group(
+    strategy: DDPStrategy | FabricDDPStrategy | ModelParallelStrategy | FabricModelParallelStrategy,
+) -> None:
     """Lightning's process-group start for ``strategy``, with its backend and timeout and no ``device_id``.
 
     A default process group that exists already is reused, and its backend recorded.
@@ -219,3 +230,117 @@ class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
         self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Union[dist.ReduceOp, str]] = "mean"
     ) -> Any:
         return super().all_reduce(tensor, self._group_for(group), reduce_op)
+
+
+def shard_each_child(module: Module, device_mesh: Any) -> Module:
+    """Shard ``module`` with torch's FSDP2: ``fully_shard`` each direct child that holds parameters.
+
+    The mesh is ``device_mesh["data_parallel"]``. Each child is a root of its own: its parameters are
+    gathered when its ``forward`` runs (a LightningModule's ``training_step`` calls its children, not
+    its own ``forward``). Children already sharded are left as they are.
+
+    Args:
+        module: the model (a LightningModule or any ``torch.nn.Module``).
+        device_mesh: Lightning's mesh with a ``"data_parallel"`` dimension.
+
+    Returns:
+        ``module``, sharded in place (Fabric's ``parallelize_fn`` contract).
+
+    Raises:
+        TypeError: ``module`` holds parameters of its own, outside any child: shard it yourself in
+            ``configure_model`` (Trainer) or a ``parallelize_fn`` (Fabric).
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    own = [name for name, _ in module.named_parameters(recurse=False)]
+    if own:
+        raise TypeError(
+            f"{type(module).__name__} holds parameters outside its child modules ({', '.join(own)}), which"
+            " strategy='fsdp' on 'tpu' cannot shard by itself: apply torch.distributed.fsdp.fully_shard in"
+            " configure_model() (Trainer) or pass ModelParallelStrategy(parallelize_fn=...) (Fabric)"
+        )
+    mesh = device_mesh["data_parallel"]
+    for child in module.children():
+        if not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    return module
+
+
+class _OnTPUMesh:
+    """Lightning's ``ModelParallelStrategy`` (Trainer or Fabric) on the bound ``"tpu"`` device, and an ``"auto"``
+    mesh with every process on the data-parallel dimension (FSDP)."""
+
+    _data_parallel_size: Any
+    _tensor_parallel_size: Any
+    num_nodes: int
+    num_processes: int
+
+    @property
+    def root_device(self) -> torch.device:
+        return _bound_device()
+
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        if self._tensor_parallel_size == "auto":
+            self._tensor_parallel_size = 1
+        super().setup_environment()  # type: ignore[misc]
+
+
+class TorchTPUFSDPStrategy(_OnTPUMesh, ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2) on TorchTPU's ``"tpu"`` mesh, data parallel by default.
+
+    A LightningModule without ``configure_model`` is sharded by :func:`shard_each_child`; one with it
+    shards itself there (``self.device_mesh["data_parallel"]``). Checkpoints are Lightning's: a
+    distributed checkpoint folder by default (not verified on TPU).
+    """
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        # on "tpu" before configure_model shards it: fully_shard moves a CPU module with `param.data = ...`,
+        # which the stand-in's "tpu" tensors refuse (a different tensor type); a module on "meta" stays there
+        # (Lightning materializes it on the device after sharding)
+        module = self.lightning_module
+        assert module is not None
+        if not any(parameter.is_meta for parameter in module.parameters()):
+            _move_keeping_parameters(module, self.root_device)
+
+    @override
+    def _setup_distributed(self) -> None:
+        ParallelStrategy.setup_environment(self)
+        reset_seed()
+        self.set_world_ranks()
+        _init_process_group(self)
+
+    @override
+    def setup(self, trainer: Any) -> None:
+        module = self.lightning_module
+        if module is not None and not is_overridden("configure_model", module):
+            shard_each_child(module, self.device_mesh)
+            # Lightning's setup asks for a configure_model that shards; the module is sharded now
+            module.configure_model = lambda: None  # type: ignore[method-assign]
+        super().setup(trainer)
+
+
+class FabricTorchTPUFSDPStrategy(_OnTPUMesh, FabricModelParallelStrategy):
+    """Fabric's ``ModelParallelStrategy`` (FSDP2) on TorchTPU's ``"tpu"`` mesh, data parallel by default.
+
+    Args:
+        parallelize_fn: shards the module on the mesh (Fabric's); default :func:`shard_each_child`.
+        **kwargs: the other arguments of Fabric's ``ModelParallelStrategy``.
+    """
+
+    def __init__(self, parallelize_fn: Any = shard_each_child, **kwargs: Any) -> None:
+        super().__init__(parallelize_fn, **kwargs)
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        """Move ``module`` to ``"tpu"`` (keeping its parameter objects), then Fabric's sharding and setup."""
+        _move_keeping_parameters(module, self.root_device)
+        return super().setup_module(module)
+
+    @override
+    def _setup_distributed(self) -> None:
+        self._set_world_ranks()
+        _init_process_group(self)

@@ -9,6 +9,7 @@ no ``"tpu"`` generator), so this module's RNG functions act on it: ``torch.manua
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -139,3 +140,74 @@ class device:  # noqa: N801 (torch's device modules name this context manager `d
 
     def __exit__(self, *exc_info: object) -> None:
         return None
+
+
+class Event:
+    """An event of the stand-in: every kernel has finished when it returns, so an event is always complete.
+
+    Enough for torch's FSDP2 (``fully_shard``), which orders its copies and collectives with events.
+    """
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+class Stream:
+    """A stream of the stand-in: the stand-in runs every kernel at once, so streams order nothing.
+
+    Enough for torch's FSDP2 (``fully_shard``), which overlaps its copies and collectives on side
+    streams; on the stand-in they run in program order, which gives the same values.
+    """
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = device
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> Event:
+        return event if event is not None else Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+_DEFAULT_STREAM = Stream()
+
+
+@_legacy
+def current_stream(device: Any = None) -> Stream:
+    return _DEFAULT_STREAM
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _DEFAULT_STREAM
+
+
+@_legacy
+def set_stream(stream: Any) -> None:
+    """Nothing to switch: the stand-in's streams order nothing."""
+
+
+def stream(stream: Any) -> contextlib.nullcontext:
+    """Context manager running kernels on ``stream``: on the stand-in, where they run anyway."""
+    return contextlib.nullcontext()

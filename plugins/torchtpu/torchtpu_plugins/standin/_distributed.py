@@ -28,6 +28,14 @@ COLLECTIVES = (
 )  # fmt: skip
 
 
+#: torch >= 2.13's names of the single-tensor collectives (FSDP2 calls these) -> gloo's names of the same.
+RENAMED = {
+    "all_gather_single": "_allgather_base",
+    "reduce_scatter_single": "_reduce_scatter_base",
+    "all_to_all_single": "alltoall_base",
+}
+
+
 def _views(value: Any) -> Any:
     return tree_map(
         lambda x: _memory.cpu_view(x) if isinstance(x, torch.Tensor) and x.device.type == "tpu" else x, value
@@ -52,9 +60,9 @@ class _DoneWork(dist._Work):  # type: ignore[misc, name-defined]
         return self._future
 
 
-def _collective(name: str) -> Any:
+def _collective(name: str, gloo_name: str) -> Any:
     def run(self: TpuDistBackend, tensors: Any, *rest: Any) -> _DoneWork:
-        getattr(self._gloo, name)(_views(tensors), *_views(rest)).wait()
+        getattr(self._gloo, gloo_name)(_views(tensors), *_views(rest)).wait()
         return _DoneWork(tensors)
 
     run.__name__ = name
@@ -82,9 +90,9 @@ class TpuDistBackend(dist.ProcessGroup):  # type: ignore[misc]
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND
 
-    # torch's ProcessGroup reads its name from its device backends, which a group written in Python has
-    # none of ("ProcessGroup name not set"): the name torch gives the group at creation is kept here, so
-    # torch.distributed.destroy_process_group(group) can unregister it.
+    # torch keeps a group's name and description on its device backends; a group written in Python has
+    # none, so torch's getter raises "ProcessGroup name not set": DeviceMesh reads the name, and
+    # torch.distributed.destroy_process_group(group) needs it to unregister the group.
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
 
@@ -92,9 +100,16 @@ class TpuDistBackend(dist.ProcessGroup):  # type: ignore[misc]
     def group_name(self) -> str:
         return self._group_name
 
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
 
-for _name in COLLECTIVES:
-    setattr(TpuDistBackend, _name, _collective(_name))
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+
+for _name, _gloo_name in {**{name: name for name in COLLECTIVES}, **RENAMED}.items():
+    setattr(TpuDistBackend, _name, _collective(_name, _gloo_name))
 
 
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> TpuDistBackend:
