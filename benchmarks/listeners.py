@@ -11,6 +11,13 @@ after one fit that compiles the graphs (``--processes``: each in its own process
 steady state (epochs 2 and later); ``on`` / ``off`` is taken within each round
 (benchmarks/rounds.py), and the rounds below 1.0 are counted.
 
+Beside the wall clock, each fit's loop thread's CPU time per steady-state step (``time.thread_time``
+in throughput.Meter): the listeners run in that thread, while PJRT CPU computes the step in its
+own threads, so the difference between ``on`` and ``off`` is their Python work, and a loaded
+machine (other processes taking the cores) stretches it far less than it stretches wall time. It
+is reported as the difference within each round (ms a step) and as the ratio off / on of the
+loop thread's CPU time (below 1.0: the listeners cost).
+
 ``--profile``: one untimed run under cProfile during its second epoch; prints the calls per step
 by package (``trainer_plugins``, ``xla_plugins``, all), the reads of torch_xla's metrics per step
 (``_XLAC`` counter and metric reads: ``counter_value``, ``metric_data`` and the rest) and the
@@ -31,7 +38,7 @@ from typing import Any
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from rounds import interleaved, run, spread, within_round_ratios  # noqa: E402
+from rounds import interleaved, run, spread, within_round, within_round_ratios  # noqa: E402
 
 #: the environment of each setting
 SETTINGS = {"on": {}, "off": {"XLA_PLUGINS_GOODPUT": "off", "XLA_PLUGINS_RECOMPILES": "off"}}
@@ -99,7 +106,12 @@ def one_run(listeners: str, epochs: int, steps: int, n_layer: int, quiet: bool, 
     profile, counted = cProfile.Profile(), [0]
     callbacks = (profiler_callback(profile, counted),) if profiled else ()
     gpt.run_trainer("plugin", "single_xla", config, epochs, steps, meter, quiet=quiet, callbacks=callbacks)
-    figures: dict[str, Any] = {"listeners": listeners, "steps_per_s": meter.summary()["steps_per_s"]}
+    summary = meter.summary()
+    figures: dict[str, Any] = {
+        "listeners": listeners,
+        "steps_per_s": summary["steps_per_s"],
+        "cpu_ms_per_step": summary["loop_thread_cpu_ms_per_step"],
+    }
     if profiled:
         figures |= per_step(profile, counted[0])
     return figures
@@ -149,6 +161,8 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
     where = "a process a fit" if processes else "all fits in one process, the first left out"
     ratios = within_round_ratios(results["on"], results["off"])
     below, trainer = sum(r < 1 for r in ratios), "quiet loop" if quiet else "defaults"
+    cpu_added = within_round(results["on"], results["off"], lambda on, off: on - off, "cpu_ms_per_step")
+    cpu_ratios = within_round(results["on"], results["off"], lambda on, off: off / on, "cpu_ms_per_step")
     lines = [
         f"GPT byte LM ({n_layer} layers) on single_xla, PJRT CPU, the Trainer's {trainer};"
         f" {steps} steps an epoch, steady state = epochs 2-{epochs};"
@@ -162,10 +176,22 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
         "",
         f"on / off within each round: {spread(ratios, 3, 'x')}; rounds below 1.0: {below} of {len(ratios)}",
         f"ratios by round: {', '.join(f'{r:.3f}' for r in ratios)}",
+        "",
+        "| listeners | loop thread's CPU ms a step |",
+        "|---|---|",
+        *(
+            f"| {label} | {spread([f['cpu_ms_per_step'] for f in runs if 'error' not in f], 2)} |"
+            for label, runs in results.items()
+        ),
+        "",
+        f"loop thread's CPU, on - off within each round: {spread(cpu_added, 3, ' ms')} a step;"
+        f" off / on: {spread(cpu_ratios, 4, 'x')}; rounds where on took more: {sum(d > 0 for d in cpu_added)}"
+        f" of {len(cpu_added)}",
     ]
     for label in SETTINGS:
         profiled = one(label, "--profile")
         profiled.pop("steps_per_s", None)
+        profiled.pop("cpu_ms_per_step", None)
         lines.append(f"profiled, {label}: {json.dumps(profiled)}")
     return lines
 
