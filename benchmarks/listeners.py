@@ -66,6 +66,72 @@ def profiler_callback(profile: cProfile.Profile, steps: list[int]) -> Any:
     return Profiled()
 
 
+def replay_callback(figures: dict[str, Any], repeats: int = 30, steps: int = 100) -> Any:
+    """A Lightning callback that times one step's profiler boundaries, replayed, at the end of the second epoch.
+
+    It records the names of the trainer's profiler actions started and stopped in the second
+    training epoch, cuts one step's cycle (from one fetch of a batch to the next: balanced, the epoch
+    still open), and at the epoch's end replays it ``steps`` times through ``trainer.profiler`` (with
+    the listeners on: the core's wrapper, the monitor's reads, the ledger's handlers and its stamp;
+    off: Lightning's PassThroughProfiler), ``repeats`` times. The fastest repeat is the one a busy
+    machine disturbed least. Writes ``replay_us_per_step`` (that time over ``steps``) and
+    ``replay_boundaries_per_step`` into ``figures``. Not replayed: Lightning's own calls around each
+    boundary (the same on and off, but for the dispatch of the monitor's own callback hooks) and the
+    read methods' wrapper (counted by ``--profile``).
+    """
+    import time
+
+    import lightning as L
+
+    fetch = "[_TrainingEpochLoop].train_dataloader_next"
+
+    class Replay(L.Callback):
+        def __init__(self) -> None:
+            self.heard: list[tuple[bool, str]] = []
+            self.saved: dict[str, Any] = {}
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch != 1:
+                return
+            profiler = trainer.profiler
+            self.saved = {name: profiler.__dict__.get(name) for name in ("start", "stop")}
+            start, stop = profiler.start, profiler.stop
+
+            def recorded_start(action_name: str) -> None:
+                self.heard.append((True, action_name))
+                start(action_name)
+
+            def recorded_stop(action_name: str) -> None:
+                self.heard.append((False, action_name))
+                stop(action_name)
+
+            profiler.start, profiler.stop = recorded_start, recorded_stop
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            if trainer.current_epoch != 1:
+                return
+            profiler = trainer.profiler
+            for name, saved in self.saved.items():
+                if saved is None:
+                    profiler.__dict__.pop(name, None)
+                else:
+                    profiler.__dict__[name] = saved
+            starts = [i for i, (started, name) in enumerate(self.heard) if started and name == fetch]
+            cycle = self.heard[starts[1] : starts[2]]  # the second step's: the first one's fetch began the epoch
+            start, stop = profiler.start, profiler.stop
+            best = float("inf")
+            for _ in range(repeats):
+                began = time.perf_counter()
+                for _ in range(steps):
+                    for started, name in cycle:
+                        (start if started else stop)(name)
+                best = min(best, time.perf_counter() - began)
+            figures["replay_us_per_step"] = round(best / steps * 1e6, 2)
+            figures["replay_boundaries_per_step"] = len(cycle)
+
+    return Replay()
+
+
 def per_step(profile: cProfile.Profile, steps: int) -> dict[str, Any]:
     """Calls per step by package, torch_xla metric reads per step (and their us a step), our costliest functions.
 
@@ -96,15 +162,22 @@ def per_step(profile: cProfile.Profile, steps: int) -> dict[str, Any]:
     }
 
 
-def one_run(listeners: str, epochs: int, steps: int, n_layer: int, quiet: bool, profiled: bool) -> dict[str, Any]:
-    """One ``fit`` (see the module docstring); the environment already holds ``listeners``'s setting."""
+def one_run(
+    listeners: str, epochs: int, steps: int, n_layer: int, quiet: bool, profiled: bool, replayed: bool = False
+) -> dict[str, Any]:
+    """One ``fit`` (see the module docstring); the environment already holds ``listeners``'s setting.
+
+    ``replayed``: with :func:`replay_callback`'s figures (its replay runs after the second epoch's timing).
+    """
     import gpt
     import throughput
 
     config = gpt.GPTConfig(n_layer=n_layer)
     meter = throughput.Meter()
     profile, counted = cProfile.Profile(), [0]
+    replayed_figures: dict[str, Any] = {}
     callbacks = (profiler_callback(profile, counted),) if profiled else ()
+    callbacks += (replay_callback(replayed_figures),) if replayed else ()
     gpt.run_trainer("plugin", "single_xla", config, epochs, steps, meter, quiet=quiet, callbacks=callbacks)
     summary = meter.summary()
     figures: dict[str, Any] = {
@@ -114,7 +187,7 @@ def one_run(listeners: str, epochs: int, steps: int, n_layer: int, quiet: bool, 
     }
     if profiled:
         figures |= per_step(profile, counted[0])
-    return figures
+    return figures | replayed_figures
 
 
 def fits_in_this_process(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool) -> dict[str, list[dict]]:
@@ -188,6 +261,14 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
         f" off / on: {spread(cpu_ratios, 4, 'x')}; rounds where on took more: {sum(d > 0 for d in cpu_added)}"
         f" of {len(cpu_added)}",
     ]
+    replays = {label: [one(label, "--replay") for _ in range(3)] for label in SETTINGS}
+    for label, runs in replays.items():
+        timed = [f["replay_us_per_step"] for f in runs if "replay_us_per_step" in f]
+        boundaries = {f.get("replay_boundaries_per_step") for f in runs}
+        lines.append(
+            f"replayed boundaries of one step, {label}: {spread(timed, 1, ' us')} a step (fastest of 30 repeats"
+            f" of 100 steps, in each of 3 processes; {boundaries} boundaries a step)"
+        )
     for label in SETTINGS:
         profiled = one(label, "--profile")
         profiled.pop("steps_per_s", None)
@@ -200,6 +281,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listeners", choices=sorted(SETTINGS), help="one run (default: interleaved rounds of both)")
     parser.add_argument("--profile", action="store_true", help="one run: count calls per step under cProfile")
+    parser.add_argument("--replay", action="store_true", help="one run: time one step's profiler boundaries, replayed")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--epochs", type=int, default=3, help="epochs a run; the first is left out (compilation)")
     parser.add_argument("--steps", type=int, default=20, help="steps an epoch")
@@ -211,7 +293,7 @@ def main() -> None:
         for name, value in SETTINGS[args.listeners].items():
             os.environ.setdefault(name, value)
         os.environ.setdefault("PJRT_DEVICE", "CPU")
-        figures = one_run(args.listeners, args.epochs, args.steps, args.n_layer, args.quiet, args.profile)
+        figures = one_run(args.listeners, args.epochs, args.steps, args.n_layer, args.quiet, args.profile, args.replay)
         print(json.dumps(figures))
         return
     print("\n".join(report(args.rounds, args.epochs, args.steps, args.n_layer, args.quiet, args.processes)))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dis
 from collections.abc import Callable
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Protocol, Union
 
 from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 
@@ -47,6 +47,8 @@ class ActionListener(Protocol):
 
 #: What a listener hears: every action (``None``), the actions named in a set, or those a test accepts.
 Actions = Union[None, frozenset, Callable[[str], bool]]
+#: Who hears an action: the enter methods of its listeners, their leave methods in reverse, whether ``inner`` does.
+Route = tuple[tuple[Callable[[str], None], ...], tuple[Callable[[str], None], ...], bool]
 
 #: The owners of Lightning's hook actions, by the prefix of the action's name (``[Callback]<state_key>.<hook>``,
 #: ``[LightningModule]<class>.<hook>``, ...): the trainer's attribute holding them.
@@ -74,9 +76,11 @@ def _empty(function: Any) -> bool:
     ops = [(op.opname, op.argval) for op in dis.get_instructions(code) if op.opname not in ("RESUME", "NOP", "CACHE")]
     if ops == [("RETURN_CONST", None)]:
         return True
-    return len(ops) == 2 and ops[1][0] == "RETURN_VALUE" and (ops[0] == ("LOAD_CONST", None) or (
-        ops[0][0] == "LOAD_FAST" and ops[0][1] in arguments
-    ))
+    return (
+        len(ops) == 2
+        and ops[1][0] == "RETURN_VALUE"
+        and (ops[0] == ("LOAD_CONST", None) or (ops[0][0] == "LOAD_FAST" and ops[0][1] in arguments))
+    )
 
 
 def runs_empty_hook(trainer: Any, action_name: str) -> bool:
@@ -86,9 +90,9 @@ def runs_empty_hook(trainer: Any, action_name: str) -> bool:
     whether its class overrides the hook or not), ``[LightningModule]<class>.<hook>``,
     ``[LightningDataModule]<class>.<hook>`` and ``[Strategy]<class>.<hook>``
     (``lightning.pytorch.trainer.call``), and inside the action calls only that hook. Most of
-    ``Callback``'s and ``ModelHooks``' hooks are empty (``pass``, or ``return batch``); an action running no other code runs
-    no tensor operation, no read and no compilation. ``False`` for any other action (the loop's own,
-    ``run_training_batch``, a batch's fetch), a hook that is not found, or one with code.
+    ``Callback``'s and ``ModelHooks``' hooks are empty (``pass``, or ``return batch``): an action that
+    runs no other code runs no tensor operation, no read and no compilation. ``False`` for any other
+    action (the loop's own, ``run_training_batch``, a batch's fetch), a hook not found, or one with code.
 
     Args:
         trainer: a ``lightning.pytorch.Trainer`` (or ``pytorch_lightning``'s) in its run.
@@ -133,8 +137,8 @@ class ActionProfiler(Profiler):
         # no Profiler.__init__: its attributes (dirpath, filename, the stage) are read from ``inner``
         self.inner = inner
         self._listeners: list[tuple[ActionListener, Actions, str]] = []
-        #: action name -> (the listeners' enter methods, their leave methods in reverse, whether ``inner`` hears it)
-        self._routes: dict[str, tuple[tuple[Callable[[str], None], ...], tuple[Callable[[str], None], ...], bool]] = {}
+        #: action name -> who hears it (:data:`Route`), worked out the first time the name comes
+        self._routes: dict[str, Route] = {}
         #: the listeners' own actions started and not stopped, which ``inner`` was not told of (their
         #: stops are not passed on either, also after their listener left in them: its ``teardown`` hook)
         self._hidden: set[str] = set()
@@ -146,9 +150,10 @@ class ActionProfiler(Profiler):
         return tuple(listener for listener, _, _ in self._listeners)
 
     def add(self, listener: ActionListener, actions: Actions = None, own_prefix: str = "") -> None:
-        """Tell ``listener`` of the actions ``actions`` names or accepts (``None``: all), ``inner`` not of ``own_prefix``'s.
+        """Tell ``listener`` of the actions that ``actions`` names or accepts (all: ``None``), not ``inner`` of its own.
 
-        Adding a listener again replaces its ``actions`` and ``own_prefix``.
+        ``own_prefix`` starts the names of the listener's own actions. Adding a listener again replaces its
+        ``actions`` and ``own_prefix``.
         """
         self.remove(listener)
         self._listeners.append((listener, actions, own_prefix))
@@ -171,7 +176,7 @@ class ActionProfiler(Profiler):
             listener = self._listeners[0][0]
             self.start, self.stop = listener.enter, listener.leave  # type: ignore[method-assign]
 
-    def _route(self, action_name: str) -> tuple[tuple[Callable[[str], None], ...], tuple[Callable[[str], None], ...], bool]:
+    def _route(self, action_name: str) -> Route:
         """Who hears ``action_name``: the enter and leave methods of its listeners, and whether ``inner`` does."""
         hearing = [
             listener
@@ -235,7 +240,7 @@ class ActionProfiler(Profiler):
 
 
 def add_action_listener(trainer: Any, listener: ActionListener, actions: Actions = None, own_prefix: str = "") -> None:
-    """Tell ``listener`` of ``trainer``'s profiler actions from now on (those ``actions`` names or accepts; ``None``: all).
+    """Tell ``listener`` of ``trainer``'s profiler actions from now on (those ``actions`` names or accepts, or all).
 
     The first listener wraps ``trainer.profiler`` in an :class:`ActionProfiler`; later ones join
     that wrapper. Adding a listener again replaces its ``actions`` and ``own_prefix``.
