@@ -102,7 +102,7 @@ def _read_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]
     def wrapper(self: Tensor, *args: Any, **kwargs: Any) -> Any:
         # ``is_xla`` first: most reads in a step are of CPU tensors (the optimizer's step counts), and it
         # costs a fifth of ``self.device.type`` (which builds a device object) or of the thread's reader
-        if not self.is_xla:
+        if not self.is_xla:  # type: ignore[attr-defined]  # a property of torch's C tensor, not in its stubs
             return original(self, *args, **kwargs)
         reader = getattr(_LOCAL, "reader", None)
         if reader is None or reader._reading:
