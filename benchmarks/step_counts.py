@@ -13,6 +13,8 @@ epochs after the first, per step:
 * ``device_data_handles``: device buffers created (``CreateDataHandles``: uploads and graph outputs);
 * ``transfers_to_device`` and ``transfers_from_device`` (``TransferToDeviceTime``/``TransferFromDeviceTime`` samples);
 * ``python_calls``: Python function calls, by the package of the function called (``sys.setprofile``).
+* ``counter_reads`` and ``metric_reads``: calls of torch_xla's ``_xla_counter_value`` and
+  ``_xla_metric_data`` (the compile monitor's and the goodput ledger's reads, and any other's).
 
 These counts do not depend on the machine's load. ``raw``, ``plugin`` and ``lightning`` mean what
 they mean in throughput.py (``lightning`` last: it detaches the plugins from Lightning).
@@ -49,6 +51,10 @@ COUNTERS = {
 }
 
 
+#: torch_xla's bindings that read its counters and metrics (the compile monitor's and the goodput ledger's reads)
+READS = {"_xla_counter_value": "counter_reads", "_xla_metric_data": "metric_reads"}
+
+
 def owner(filename: str) -> str:
     parts = Path(filename).parts
     return next((name for name in OWNERS if name in parts), "other")
@@ -78,12 +84,15 @@ class StepCounter(throughput.Meter):
         super().__init__()
         self.total: Counter = Counter()
         self.calls: Counter = Counter()
+        self.reads: Counter = Counter()
         self.steps = 0
         self._before: Counter = Counter()
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             self.calls[owner(frame.f_code.co_filename)] += 1
+        elif event == "c_call" and getattr(arg, "__name__", "") in READS:
+            self.reads[READS[arg.__name__]] += 1
 
     def start_epoch(self) -> None:
         super().start_epoch()
@@ -118,6 +127,7 @@ class StepCounter(throughput.Meter):
             "ops": ops,
             "python_calls": round(sum(calls.values()), 1),
             "python_calls_by_owner": calls,
+            **{key: round(self.reads[key] / self.steps, 1) for key in READS.values()},
             "steps_counted": self.steps,
         }
 

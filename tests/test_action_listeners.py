@@ -162,3 +162,95 @@ def test_the_wrapper_passes_lightnings_calls_on_to_the_users_profiler(tmp_path):
     assert "training_step" in trainer.profiler.summary()
     with pytest.raises(AttributeError):
         trainer.profiler.no_such_attribute  # noqa: B018
+
+
+def test_a_listener_with_a_test_hears_the_actions_it_accepts_and_the_test_is_asked_once_a_name():
+    heard: list = []
+    asked: list = []
+
+    def accepts(action_name: str) -> bool:
+        asked.append(action_name)
+        return action_name != "empty"
+
+    trainer = SimpleNamespace(profiler=PassThroughProfiler())
+    add_action_listener(trainer, Recorder("tested", heard), accepts)
+    add_action_listener(trainer, Recorder("all", heard))
+    for _ in range(3):
+        with trainer.profiler.profile("step"), trainer.profiler.profile("empty"):
+            pass
+    # the wrapper works out who hears a name the first time it comes, then only calls them
+    assert asked == ["step", "empty"]
+    assert heard[:6] == [
+        ("tested", "enter", "step"),
+        ("all", "enter", "step"),
+        ("all", "enter", "empty"),
+        ("all", "leave", "empty"),
+        ("all", "leave", "step"),
+        ("tested", "leave", "step"),
+    ]
+    assert len(heard) == 18
+    # another listener joining: the names are asked again (a test may depend on who listens)
+    add_action_listener(trainer, Recorder("late", heard), frozenset({"empty"}))
+    with trainer.profiler.profile("empty"):
+        pass
+    assert asked == ["step", "empty", "empty"]
+    assert heard[-4:] == [("all", "enter", "empty"), ("late", "enter", "empty")] + [
+        ("late", "leave", "empty"),
+        ("all", "leave", "empty"),
+    ]
+
+
+def test_the_actions_of_hooks_that_do_nothing_are_told_from_those_of_hooks_with_code():
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from trainer_plugins import runs_empty_hook
+
+    class Printer(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            print(outputs)
+
+    class Decorated(L.Callback):
+        @rank_zero_only
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            pass
+
+    class Model(BoringModel):
+        def on_train_batch_start(self, batch, batch_idx):
+            """Documented, and empty."""
+
+        def on_before_backward(self, loss):
+            self.seen = loss
+
+    printer, patched = Printer(), L.Callback()
+    patched.on_before_zero_grad = lambda trainer, pl_module, optimizer: print(optimizer)  # on the instance
+    decorated = Decorated()
+    trainer = SimpleNamespace(
+        callbacks=[printer, decorated, patched],
+        lightning_module=Model(),
+        strategy=SingleDeviceStrategy("cpu"),
+        datamodule=None,
+    )
+    empty = [
+        f"[Callback]{printer.state_key}.on_train_batch_start",  # not overridden: Callback's own, empty
+        "[Callback]Callback.on_before_backward",
+        "[LightningModule]Model.on_train_batch_start",  # a docstring only
+        "[LightningModule]Model.on_after_backward",
+        "[LightningModule]Model.on_before_batch_transfer",  # ModelHooks': `return batch`
+        "[Strategy]SingleDeviceStrategy.on_train_batch_start",
+    ]
+    with_code = [
+        f"[Callback]{printer.state_key}.on_train_batch_end",
+        f"[Callback]{decorated.state_key}.on_train_batch_start",  # rank_zero_only's wrapper runs code
+        "[Callback]Callback.on_before_zero_grad",  # the instance's own function
+        "[LightningModule]Model.on_before_backward",
+        "[LightningModule]Model.training_step",
+        "[LightningModule]Model.transfer_batch_to_device",  # ModelHooks' moves the batch
+        "[Strategy]SingleDeviceStrategy.batch_to_device",
+        "[LightningModule]Other.on_train_batch_start",  # not the trainer's module
+        "[Callback]Missing.on_train_batch_start",  # no such callback
+        "[LightningDataModule]Data.on_before_batch_transfer",  # no data module
+        "run_training_batch",  # the loop's own work
+        "[_TrainingEpochLoop].train_dataloader_next",
+    ]
+    assert [name for name in empty + with_code if runs_empty_hook(trainer, name)] == empty

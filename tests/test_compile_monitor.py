@@ -142,8 +142,12 @@ def test_clean_model_gives_no_report_and_the_summary_equals_torch_xlas_counter_d
 
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_the_monitor_adds_no_compilation_and_no_host_read(tmp_path):
-    watched = fit(tmp_path / "warn", "none", XLA_PLUGINS_RECOMPILES="warn")
-    unwatched = fit(tmp_path / "off", "none", XLA_PLUGINS_RECOMPILES="off")
+    # the progress-bar values are read at most every XLA_PLUGINS_METRIC_READ_INTERVAL seconds (0.5 s by
+    # default), so their transfers depend on the time a step takes: on a loaded machine the two fits read
+    # 29 and 30 times. An interval longer than the fit leaves the reads the policy's own: first and epoch ends
+    steady = {"XLA_PLUGINS_METRIC_READ_INTERVAL": "3600"}
+    watched = fit(tmp_path / "warn", "none", XLA_PLUGINS_RECOMPILES="warn", **steady)
+    unwatched = fit(tmp_path / "off", "none", XLA_PLUGINS_RECOMPILES="off", **steady)
     assert watched["summary"] is not None and unwatched["summary"] is None
     # compilations and transfers are counts, the same with and without the monitor
     assert watched["delta"][0] == unwatched["delta"][0]

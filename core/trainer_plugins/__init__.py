@@ -34,6 +34,7 @@ _EXPORTS = {
         "action_listeners",
         "add_action_listener",
         "remove_action_listener",
+        "runs_empty_hook",
     ),
     "trainer_plugins._goodput": ("GoodputLedger", "ledger_of", "start_ledger"),
     "trainer_plugins._goodput_ledger": ("Attempt", "RunLedger", "goodput_summary_line", "goodput_table_lines"),

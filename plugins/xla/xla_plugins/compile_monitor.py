@@ -14,7 +14,10 @@ warm-up reports every new compilation and every host read inside a step, once pe
 ``trainer.profiler.profile("<action>")``. For the run, the monitor listens to those actions
 (``trainer_plugins.add_action_listener``: the core's one wrapper of the trainer's profiler, which
 passes every call on to the user's profiler) and, at each action's start and stop, reads
-torch_xla's ``UncachedCompile`` counter (one C++ call, about 0.2 us). Compilations
+torch_xla's ``UncachedCompile`` counter (one C++ call, about 0.2 us). The actions that run only
+empty hooks (a callback's hooks that its class does not override, the module's default hooks:
+``trainer_plugins.runs_empty_hook``), about half of a default Trainer's, are not heard: nothing
+compiles or reads in them. Compilations
 since the last boundary belong to the innermost running action, so each is counted exactly once;
 Lightning's own loop work between hooks (logging, progress) is counted under the enclosing loop
 action. The profiler route needs no patching of Lightning's functions and sees the callback class
@@ -65,7 +68,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from trainer_plugins import add_action_listener, remove_action_listener
+from trainer_plugins import add_action_listener, remove_action_listener, runs_empty_hook
 from xla_plugins import _runtime, _torch_xla_contract, compile_cache, end_of_run
 from xla_plugins.compile_reports import hook_line, report_text, run_summary, shapes_text
 from xla_plugins.host_reads import READ_METHODS, SourceLine, read_cause, unwrap_reads, user_line, warn_at, wrap_reads
@@ -186,14 +189,23 @@ class CompileMonitor(Callback):
 
     # -- boundaries -------------------------------------------------------------------------------
 
+    def hears(self, action: str) -> bool:
+        """Whether the monitor hears the profiler action ``action`` (asked once per name by the core's wrapper).
+
+        Not its own callback hooks, and not the actions that run only empty hooks
+        (``trainer_plugins.runs_empty_hook``: a callback's hooks its class does not override, the
+        module's default hooks), in which nothing can compile or read: what happens between two
+        boundaries still goes to the innermost action heard, so every count stays where it was, and
+        those actions cost no counter read.
+        """
+        return not action.startswith(_OWN_HOOKS) and not runs_empty_hook(self._trainer, action)
+
     def enter(self, action: str) -> None:
         """A profiler action starts: count what happened so far, then make ``action`` the current phase.
 
-        The monitor's own callback hooks are not phases. Everything is inline (one Python call per
-        boundary): the common case, no compilation since the last boundary, reads one C++ counter.
+        Everything is inline (one Python call per boundary): the common case, no compilation since
+        the last boundary, reads one C++ counter.
         """
-        if action.startswith(_OWN_HOOKS):
-            return
         if (self._counter_value("UncachedCompile") or 0) != self._compilations:
             self._flush()
         phase = self.phases.get(action)
@@ -204,8 +216,6 @@ class CompileMonitor(Callback):
 
     def leave(self, action: str) -> None:
         """A profiler action stops: count what happened in it, then return to the enclosing phase."""
-        if action.startswith(_OWN_HOOKS):
-            return
         if (self._counter_value("UncachedCompile") or 0) != self._compilations:
             self._flush()
         if self._stack and self._stack[-1].action == action:
@@ -473,7 +483,8 @@ def install(trainer: Any) -> Optional[CompileMonitor]:
         trainer.callbacks.append(monitor)
     monitor.budget = chosen
     monitor._start_run(trainer)
-    add_action_listener(trainer, monitor, own_prefix=_OWN_HOOKS)  # again after a run that raised: still one listener
+    # again after a run that raised: still one listener
+    add_action_listener(trainer, monitor, monitor.hears, own_prefix=_OWN_HOOKS)
     wrap_reads(monitor)
     return monitor
 

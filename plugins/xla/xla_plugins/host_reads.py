@@ -3,7 +3,7 @@
 Each host read inside a step (``.item()``, ``print(tensor)``, ``if tensor:``) cuts the step's graph
 and waits for the device. While a run is monitored, the ``torch.Tensor`` methods that read an XLA
 tensor to the host (:data:`READ_METHODS`) are wrapped (:func:`wrap_reads`); the wrapper costs one
-device check per call of those methods (never on other tensor operations) and passes each read of
+device check (``Tensor.is_xla``) per call of those methods (never on other tensor operations) and passes each read of
 an XLA tensor to the reader of the thread that reads (the compile monitor,
 :mod:`xla_plugins.compile_monitor`): replicas that run as threads of one process (torch_xla's
 ``xmp.spawn`` with several devices a process, as on PJRT CPU) each see their own reads. For a late
@@ -100,8 +100,12 @@ def _read_wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]
     """``original`` (a ``torch.Tensor`` method) going through the reading thread's reader for XLA tensors."""
 
     def wrapper(self: Tensor, *args: Any, **kwargs: Any) -> Any:
+        # ``is_xla`` first: most reads in a step are of CPU tensors (the optimizer's step counts), and it
+        # costs a fifth of ``self.device.type`` (which builds a device object) or of the thread's reader
+        if not self.is_xla:  # type: ignore[attr-defined]  # a property of torch's C tensor, not in its stubs
+            return original(self, *args, **kwargs)
         reader = getattr(_LOCAL, "reader", None)
-        if reader is None or reader._reading or self.device.type != "xla":
+        if reader is None or reader._reading:
             return original(self, *args, **kwargs)
         return reader.read(name, original, self, args, kwargs)
 
