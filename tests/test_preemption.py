@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xla_plugins.strategies import _stop_agreement, _stop_checkpoint, _stop_settings
+from trainer_plugins.long_runs import _stop_checkpoint, _stop_settings
+from xla_plugins.strategies import _stop_agreement
 
 pytestmark = pytest.mark.xla
 
@@ -174,7 +175,7 @@ def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_a
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
     assert "SIGTERMException" not in output(result)
     (line,) = [line for line in output(result).splitlines() if "Stopped by SIGTERM" in line]
-    assert 'Resume with trainer.fit(..., ckpt_path="last") or XLA_PLUGINS_RESUME=auto.' in line
+    assert 'Resume with trainer.fit(..., ckpt_path="last") or TRAINER_PLUGINS_RESUME=auto.' in line
 
 
 @pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)

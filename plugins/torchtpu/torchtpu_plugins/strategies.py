@@ -18,6 +18,10 @@ DDP runs one process per chip, as TorchTPU does. Only what the ``"tpu"`` device 
 
 The process-group backend is Lightning's rule unchanged: ``torch.distributed``'s device-to-backend map,
 where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
+
+The Trainer strategies run long runs with the core's mixins (:mod:`trainer_plugins.long_runs`): a stop
+signal writes a checkpoint that ``ckpt_path="last"`` resumes exactly, DDP's processes agreeing on the
+stop over the ``"tpu_dist"`` group.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch.nn import Module
+from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
+from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
+from trainer_plugins.long_runs._preemption import SavesCheckpointOnStop
 from typing_extensions import override
 
 
@@ -78,8 +85,10 @@ class _CPUCheckpoints:
         super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)  # type: ignore[misc]
 
 
-class TorchTPUSingleDeviceStrategy(_CPUCheckpoints, SingleDeviceStrategy):
-    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors."""
+class TorchTPUSingleDeviceStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop, ResumesLoaderPosition, CorrectsRestarts, _CPUCheckpoints, SingleDeviceStrategy
+):
+    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors; long runs."""
 
 
 class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
@@ -90,10 +99,12 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
         _move_keeping_parameters(module, self.root_device)
 
 
-class TorchTPUDDPStrategy(_CPUCheckpoints, DDPStrategy):
+class TorchTPUDDPStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop, ResumesLoaderPosition, CorrectsRestarts, _CPUCheckpoints, DDPStrategy
+):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
-    Checkpoints hold CPU tensors, copied on every rank.
+    Checkpoints hold CPU tensors, copied on every rank; long runs (the core's mixins).
     """
 
     @property

@@ -51,7 +51,7 @@ METHODS = (
         f"{_FABRIC_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "function", "args", "kwargs", "return_queue", "global_states"),
     ),
-    # xla_plugins.strategies._stop_checkpoint: the Trainer function its launcher recognises, and its `ckpt_path`
+    # trainer_plugins.long_runs._stop_checkpoint: the Trainer function its launcher recognises, and its `ckpt_path`
     # (Lightning 2.6 added `weights_only`)
     PrivateMethod(
         "lightning.pytorch.trainer.trainer:Trainer._fit_impl",
@@ -61,7 +61,7 @@ METHODS = (
     PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
     # xla_plugins.strategies._preemption: the stop waits for the end of the accumulation window
     PrivateMethod("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate", ("self",)),
-    # xla_plugins.strategies._loader_position: the sampler's epoch, as Lightning's loops set it
+    # trainer_plugins.long_runs._loader_position: the sampler's epoch, as Lightning's loops set it
     PrivateMethod("lightning.fabric.utilities.data:_set_sampler_epoch", ("dataloader", "epoch")),
     # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
     PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
@@ -104,7 +104,7 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
     PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
-    # xla_plugins.strategies._loader_position: a training loader finds its index among the fit's loaders, and the
+    # trainer_plugins.long_runs._loader_position: a training loader finds its index among the fit's loaders, and the
     # strategy lets the loaders' threads fetch once the loop has started
     PrivateAttribute("lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader"),
 )

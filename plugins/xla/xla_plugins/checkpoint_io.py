@@ -1,7 +1,7 @@
 """Checkpoint IO plugins of the XLA strategies: atomic writes, and writes in a background thread.
 
 :class:`AtomicXLACheckpointIO` makes a checkpoint visible only once it is complete, a file or the
-directory of a sharded checkpoint alike (:mod:`xla_plugins._commits`): on a local disk written under
+directory of a sharded checkpoint alike (:mod:`trainer_plugins.long_runs._commits`): on a local disk written under
 a temporary name, then renamed; on an fsspec filesystem (an object store has no atomic rename)
 moved into place, then marked complete by the commit marker ``<path>.commit`` holding its size in
 bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO` builds on Lightning's
@@ -27,8 +27,9 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.async_plugin import AsyncCheckpointIO
 
-from xla_plugins import _commits, _torch_xla_contract
-from xla_plugins._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
+from trainer_plugins.long_runs import _commits
+from trainer_plugins.long_runs._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
+from xla_plugins import _torch_xla_contract
 from xla_plugins._logging import log
 from xla_plugins._sharded_writes import write_directory
 from xla_plugins._state_copies import device_copy, device_copy_fits, host_copy, sharded_host_copy
@@ -87,10 +88,10 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
     written with the byte size, and a checkpoint counts as complete only with its marker
     (:func:`is_committed`). Sharded checkpoints (:meth:`write_sharded`, the directories of the
     FSDPv2 strategies' ``state_dict_type="sharded"``) the same way, as a directory: written under a
-    temporary name, then renamed into place or moved and marked (:mod:`xla_plugins._commits`). The
+    temporary name, then renamed into place or moved and marked (:mod:`trainer_plugins.long_runs._commits`). The
     temporary names never match Lightning's ``last*.ckpt`` pattern. Each write and each
     ``load_checkpoint`` first removes the temporary files that killed writers of this host left in
-    the checkpoint's directory (:func:`~xla_plugins._commits.remove_stale_temporaries`).
+    the checkpoint's directory (:func:`~trainer_plugins.long_runs._commits.remove_stale_temporaries`).
 
     Raises:
         TypeError: ``storage_options`` given (as Lightning's ``XLACheckpointIO``).
@@ -149,7 +150,7 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
             metadata: the rest of the checkpoint (CPU tensors only), on global rank 0; ``None`` on the other
                 hosts, which write their shards and leave the commit to rank 0.
             staging: the temporary directory, the same on every host; default a fresh
-                :func:`~xla_plugins._commits.temporary_path` beside ``path``.
+                :func:`~trainer_plugins.long_runs._commits.temporary_path` beside ``path``.
             process_group: the group coordinating the hosts' writes (see
                 :func:`~xla_plugins._sharded_writes.write_directory`).
 
@@ -171,7 +172,7 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
 
     def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Lightning's ``XLACheckpointIO.load_checkpoint``, after removing the temporary files of killed writers
-        beside ``path`` (see :func:`~xla_plugins._commits.remove_stale_temporaries`)."""
+        beside ``path`` (see :func:`~trainer_plugins.long_runs._commits.remove_stale_temporaries`)."""
         _remove_stale_temporaries(os.path.dirname(str(path)))
         return super().load_checkpoint(path, *args, **kwargs)
 
@@ -185,7 +186,9 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
 
 
 def _remove_stale_temporaries(directory: str) -> None:
-    """:func:`~xla_plugins._commits.remove_stale_temporaries` of ``directory``, logged; an error only logged too."""
+    """:func:`~trainer_plugins.long_runs._commits.remove_stale_temporaries` of ``directory``, logged.
+
+    An error is only logged too."""
     try:
         removed = _commits.remove_stale_temporaries(directory)
     except OSError as error:

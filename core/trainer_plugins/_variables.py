@@ -1,4 +1,4 @@
-"""Reading the plugin's own environment variables (``XLA_PLUGINS_*``) into checked values.
+"""Reading the plugins' own environment variables (``TRAINER_PLUGINS_*`` and a backend plugin's) into checked values.
 
 Environment variables are the one source of these settings: worker processes inherit them. Each
 setting's variable is named and documented where it is used (the replica watch, the metric reads).
@@ -14,7 +14,7 @@ def seconds_from_environment(variable: str, default: float, meaning: str) -> flo
     """Seconds (a finite number >= 0) from environment variable ``variable``; ``default`` when unset or blank.
 
     Args:
-        variable: name of the environment variable, e.g. ``XLA_PLUGINS_REPLICA_TIMEOUT``.
+        variable: name of the environment variable, e.g. ``TRAINER_PLUGINS_CHECKPOINT_DEADLINE``.
         default: seconds returned when the variable is unset or blank.
         meaning: what the seconds are for, quoted in the error ("the seconds a replica may ...").
 
@@ -38,7 +38,7 @@ def choice_from_environment(variable: str, choices: tuple[str, ...], default: st
     """One of ``choices`` from environment variable ``variable`` (any case, blanks ignored); ``default`` if unset/blank.
 
     Args:
-        variable: name of the environment variable, e.g. ``XLA_PLUGINS_SUMMARY``.
+        variable: name of the environment variable, e.g. ``TRAINER_PLUGINS_RESUME``.
         choices: the valid values, lower case.
         default: the value when the variable is unset or blank (one of ``choices``).
 
