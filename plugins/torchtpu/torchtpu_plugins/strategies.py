@@ -21,7 +21,7 @@ where TorchTPU (and the stand-in) map ``"tpu"`` to ``"tpu_dist"``.
 
 The Trainer strategies run long runs with the core's mixins (:mod:`trainer_plugins.long_runs`): a stop
 signal writes a checkpoint that ``ckpt_path="last"`` resumes exactly, DDP's processes agreeing on the
-stop over the ``"tpu_dist"`` group.
+stop over the ``"tpu_dist"`` group; checkpoints are written atomically, in a background thread.
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch.nn import Module
+from typing_extensions import override
+
+from trainer_plugins.long_runs._background_checkpoints import WritesCheckpointsInBackground
 from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
 from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
 from trainer_plugins.long_runs._preemption import SavesCheckpointOnStop
-from typing_extensions import override
 
 
 def _bound_device() -> torch.device:
@@ -86,7 +88,12 @@ class _CPUCheckpoints:
 
 
 class TorchTPUSingleDeviceStrategy(  # type: ignore[misc]
-    SavesCheckpointOnStop, ResumesLoaderPosition, CorrectsRestarts, _CPUCheckpoints, SingleDeviceStrategy
+    SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
+    WritesCheckpointsInBackground,
+    _CPUCheckpoints,
+    SingleDeviceStrategy,
 ):
     """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors; long runs."""
 
@@ -100,7 +107,12 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
 
 
 class TorchTPUDDPStrategy(  # type: ignore[misc]
-    SavesCheckpointOnStop, ResumesLoaderPosition, CorrectsRestarts, _CPUCheckpoints, DDPStrategy
+    SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
+    WritesCheckpointsInBackground,
+    _CPUCheckpoints,
+    DDPStrategy,
 ):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
