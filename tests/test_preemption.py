@@ -203,8 +203,8 @@ def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_a
     assert 'Resume with trainer.fit(..., ckpt_path="last") or TRAINER_PLUGINS_RESUME=auto.' in line
 
 
-@pytest.mark.slow  # CI budget: primary tox cell and the torchtpu cells (tox.ini)
-@pytest.mark.parametrize("strategy", BACKEND_STRATEGIES)
+@pytest.mark.slow  # CI budget: primary tox cell and the torchtpu cells (tox.ini); DDP: tests/test_exact_resume.py
+@pytest.mark.parametrize("strategy", BACKEND_STRATEGIES[:2])
 def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path, strategy):
     root = tmp_path / "run"  # Lightning's default logger and ModelCheckpoint: a new version_N folder each run
     stopped = run_script(root, strategy, STOP_AT=str(STOP_AT))
