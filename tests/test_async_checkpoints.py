@@ -413,7 +413,7 @@ def _a_dead_process_id() -> int:
 def test_only_temporaries_of_killed_writers_of_this_host_are_removed_by_the_next_write_or_load(tmp_path):
     import socket
 
-    from xla_plugins import _commits
+    from trainer_plugins.long_runs import _commits
 
     host, dead = socket.gethostname(), _a_dead_process_id()
     killed_file = f".m.ckpt.tmp-{host}-{dead}-0123456789ab"

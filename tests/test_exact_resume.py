@@ -8,7 +8,9 @@ accumulation window or at its end, during validation, in the first batch of a re
 its first step's graph is compiled) and resumes it each time; the final weights must equal the
 uninterrupted fit's bit for bit (``torch.equal``, fp32), the batches trained, recorded with
 their sample indices, must be the same, in the same order, and every epoch's validation must have
-ended with the same loss. The loader's own rules (skipping
+ended with the same loss. The matrix runs on both backends from the same code: the XLA strategies
+(marked ``xla``) and the TorchTPU plugin's single-device and two-process DDP strategies on the
+stand-in device (marked ``torchtpu``, the torchtpu-torch* tox cells). The loader's own rules (skipping
 without loading, replaying, the warning) are checked on CPU below, without a fit.
 """
 
@@ -27,23 +29,50 @@ from typing import Any
 import pytest
 import torch
 
-pytestmark = pytest.mark.xla
-
 SCRIPT = Path(__file__).parent / "scripts" / "exact_resume.py"
-DEVICES = {"single_xla": 1, "xla_spmd": 4, "xla_fsdp_v2": 4, "xla": 4}
+DEVICES = {"single_xla": 1, "xla_spmd": 4, "xla_fsdp_v2": 4, "xla": 4, "torchtpu": 1, "torchtpu_ddp": 2}
+#: The strategies whose processes or replicas agree on the stop at a batch start (up to a batch later, then the
+#: end of the accumulation window), rather than stopping after the batch in flight.
+AGREEING = ("xla", "torchtpu_ddp")
+#: The strategies of the matrix, marked with their backend (a cell without that backend skips them, saying why):
+#: TorchTPU's DDP runs the one-stop test below instead (its two-process fits cost the torchtpu cells most).
+BACKEND_STRATEGIES = [
+    *(pytest.param(name, marks=pytest.mark.xla) for name in ("single_xla", "xla_spmd", "xla_fsdp_v2", "xla")),
+    pytest.param("torchtpu", marks=pytest.mark.torchtpu),
+]
+#: One device on each backend, and TorchTPU's two-process DDP.
+ONE_STOP_STRATEGIES = [
+    pytest.param("single_xla", marks=pytest.mark.xla),
+    *(pytest.param(name, marks=pytest.mark.torchtpu) for name in ("torchtpu", "torchtpu_ddp")),
+]
 TRAIN_BATCHES, VAL_BATCHES, EPOCHS, ACCUMULATE = 8, 4, 3, 2  # as in the script
 TOTAL = TRAIN_BATCHES * EPOCHS
 TIMEOUT_S = 420
 _uninterrupted: dict[str, Path] = {}
 
 
-def run(root: Path, strategy: str, *flags: str) -> subprocess.CompletedProcess:
-    """One run of the script for ``strategy`` (4 devices unless ``single_xla``; ``xla`` through the harness)."""
+def backend_environment(strategy: str) -> dict[str, str]:
+    """What a run of ``strategy`` needs in its environment: PJRT CPU with its devices, or the TorchTPU stand-in."""
+    if strategy.startswith("torchtpu"):
+        from test_torchtpu_distributed import _free_port
+
+        return {
+            "TORCHTPU_PLUGINS_DEVICE": "cpu",
+            "TORCHTPU_PLUGINS_DEVICE_COUNT": str(DEVICES[strategy]),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": _free_port(),
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
     from xla_cpu_harness import required_environment
 
+    return {**required_environment(DEVICES[strategy]), "XLA_PLUGINS_RECOMPILES": "off"}  # the script reads batches
+
+
+def run(root: Path, strategy: str, *flags: str) -> subprocess.CompletedProcess:
+    """One run of the script for ``strategy`` (its devices, :data:`DEVICES`; ``xla`` through the harness)."""
     root.mkdir(parents=True, exist_ok=True)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PLUGINS_")}
-    environ.update(required_environment(DEVICES[strategy]), XLA_PLUGINS_RECOMPILES="off")  # the script reads batches
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_PLUGINS_", "TRAINER_PLUGINS_"))}
+    environ.update(backend_environment(strategy))
     if strategy == "xla":
         environ.update(HARNESS=str(Path(__file__).parent), XLA_PLUGINS_REPLICA_TIMEOUT="120")
     return subprocess.run(
@@ -101,14 +130,20 @@ def stop(root: Path, strategy: str, where: str, position: int, resume: bool, sig
     checkpoint = stop_checkpoint(root)
     after = trained_batches(checkpoint)
     kind = where.split(":")[0]
-    if kind == "val":  # the epoch's training is done; its validation starts again on resume
+    if kind == "val" and int(where.split(":")[2]) == VAL_BATCHES - 1:
+        # in the validation's last batch Lightning's evaluation loop does not stop (it stops between batches only):
+        # the validation ends, then its training loop stops, before the next epoch; nothing to run again on resume
+        expected = (int(where.split(":")[1]) + 1) * TRAIN_BATCHES
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        assert strategy in AGREEING or progress["current"]["completed"] == VAL_BATCHES, progress
+    elif kind == "val":  # the epoch's training is done; its validation starts again on resume
         epoch = int(where.split(":")[1])
         expected = (epoch + 1) * TRAIN_BATCHES
         progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
-        assert strategy == "xla" or progress["current"]["completed"] == 0, progress
+        assert strategy in AGREEING or progress["current"]["completed"] == 0, progress
     else:
         expected = window_end(int(where.split(":")[1]) if kind == "batch" else position)
-    if strategy == "xla":  # the replicas agree on a batch up to 2 batches on, then on the window's end
+    if strategy in AGREEING:  # agreed on a batch up to 2 batches on, then on the window's end
         assert after >= expected and after % ACCUMULATE == 0, (where, after)
     else:
         assert after == expected, (where, after)
@@ -155,8 +190,8 @@ def resume_to_the_end(root: Path, strategy: str) -> None:
     assert f"FINAL_GLOBAL_STEP {TOTAL // ACCUMULATE}" in result.stdout, output(result)
 
 
-@pytest.mark.slow  # 5 fits per strategy, 4 devices for most: primary tox cell only (tox.ini)
-@pytest.mark.parametrize("strategy", list(DEVICES))
+@pytest.mark.slow  # 5 fits per strategy, 4 devices for most: primary tox cell and the torchtpu cells (tox.ini)
+@pytest.mark.parametrize("strategy", BACKEND_STRATEGIES)
 def test_three_stops_at_seeded_random_points_then_the_uninterrupted_weights_and_samples(strategy, tmp_path_factory):
     reference = uninterrupted(strategy, tmp_path_factory)
     root = tmp_path_factory.mktemp(f"stopped-{strategy}")
@@ -171,6 +206,7 @@ def test_three_stops_at_seeded_random_points_then_the_uninterrupted_weights_and_
     assert_same_fit(root, reference, wheres)
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # 2 fits beside the shared uninterrupted one: primary tox cell only (tox.ini)
 @pytest.mark.parametrize(
     ("where", "trained"),
@@ -193,13 +229,15 @@ def test_one_sigterm_then_an_exact_resume(where, trained, tmp_path_factory):
     assert_same_fit(root, reference)
 
 
-@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
-def test_a_stop_inside_an_accumulation_window_waits_for_its_end_and_resumes_exactly(tmp_path_factory):
-    """single_xla, one stop signalled at batch 4 (the first of the window 4-5): the checkpoint holds 6 batches."""
-    reference = uninterrupted("single_xla", tmp_path_factory)
-    root = tmp_path_factory.mktemp("stopped-in-a-window")
-    assert stop(root, "single_xla", "batch:4", 0, resume=False, signal_to="this process") == 6
-    resume_to_the_end(root, "single_xla")
+@pytest.mark.slow  # CI budget: primary tox cell and the torchtpu cells (tox.ini)
+@pytest.mark.parametrize("strategy", ONE_STOP_STRATEGIES)
+def test_a_stop_inside_an_accumulation_window_waits_for_its_end_and_resumes_exactly(strategy, tmp_path_factory):
+    """One stop signalled at batch 4 (the first of the window 4-5): the checkpoint holds 6 batches (with DDP the
+    processes agree at batch 5's start, the window's end), and the resumed fit ends as the uninterrupted one."""
+    reference = uninterrupted(strategy, tmp_path_factory)
+    root = tmp_path_factory.mktemp(f"stopped-in-a-window-{strategy}")
+    assert stop(root, strategy, "batch:4", 0, resume=False, signal_to="this process") == 6
+    resume_to_the_end(root, strategy)
     assert_same_fit(root, reference)
 
 
@@ -252,6 +290,7 @@ def assert_resumes_exactly(records: dict, cases: list[str], plain: bool) -> None
 ALL_POSITIONS = ["ckpt:mid", "ckpt:last", "ckpt:val", "ckpt:next", "ckpt:mid1", "stop:last", "stop:val", "stop:next"]
 
 
+@pytest.mark.xla
 @pytest.mark.subprocess  # 14 fits in one process: the cells that run subprocess tests (tox.ini)
 def test_two_shuffled_loaders_train_plain_lightnings_order_and_resume_from_every_position_exactly_on_single_xla(
     tmp_path,
@@ -267,6 +306,7 @@ def test_two_shuffled_loaders_train_plain_lightnings_order_and_resume_from_every
     assert records["PLAIN", "ckpt:last"]["validations"] == [1, 2]  # plain Lightning does not validate epoch 0 again
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # 7 fits in one process: primary tox cell only (tox.ini)
 def test_single_xla_with_dropout_resumes_from_an_epochs_end_exactly(tmp_path):
     """One shuffled loader, dropout on the device (seeded per batch): the weights of the uninterrupted fit."""
@@ -278,6 +318,7 @@ def flattened(batches: list, loader: int) -> list[int]:
     return [index for batch in batches for index in batch[loader]]
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # 4 devices, 5 fits (and plain Lightning's on CPU): primary tox cell only (tox.ini)
 @pytest.mark.parametrize(
     ("strategy", "cases"),
@@ -295,6 +336,7 @@ def test_spmd_strategies_resume_two_loaders_from_every_position_exactly(strategy
     assert_resumes_exactly(records, cases, plain=False)
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # 4 replica threads, 2 fits: primary tox cell only (tox.ini)
 def test_the_spawn_strategy_resumes_two_loaders_from_an_epochs_last_batch_exactly(tmp_path):
     """The replicas' MpDeviceLoader fetches in a thread of its own from iter() on, before the resumed loop's epoch."""
@@ -329,7 +371,7 @@ def fake_trainer(epoch: int = 0, trained: int = 0, batches: int = 4) -> Any:
 
 def state_after(loader: Any, trained: int) -> dict:
     """The state of ``loader``'s resumable wrapper once a fit trained ``trained`` of its batches."""
-    from xla_plugins.strategies._loader_position import ResumableLoader
+    from trainer_plugins.long_runs._loader_position import ResumableLoader
 
     trainer = fake_trainer()
     resumable = ResumableLoader(loader, trainer, SimpleNamespace(run_seed=7))
@@ -342,7 +384,7 @@ def state_after(loader: Any, trained: int) -> dict:
 
 def resumed(loader: Any, state: dict) -> tuple[list, Any]:
     """The batches a fresh wrapper of ``loader`` yields after loading ``state``, and the wrapper's seeds."""
-    from xla_plugins.strategies._loader_position import ResumableLoader
+    from trainer_plugins.long_runs._loader_position import ResumableLoader
 
     seeds = SimpleNamespace(run_seed=0)
     resumable = ResumableLoader(loader, fake_trainer(trained=state["trained"]), seeds)
@@ -350,6 +392,7 @@ def resumed(loader: Any, state: dict) -> tuple[list, Any]:
     return [batch.tolist() for batch in resumable], seeds
 
 
+@pytest.mark.xla
 def test_a_map_style_loader_without_workers_skips_the_trained_batches_without_loading_them():
     torch.manual_seed(3)
     dataset = Counted(16)
@@ -366,8 +409,9 @@ def test_a_map_style_loader_without_workers_skips_the_trained_batches_without_lo
     assert seeds.run_seed == 7
 
 
+@pytest.mark.xla
 def test_a_state_loads_with_weights_only_and_a_plain_iterable_resumes_by_replaying_with_one_warning(tmp_path):
-    from xla_plugins.strategies._loader_position import InexactResumeWarning
+    from trainer_plugins.long_runs._loader_position import InexactResumeWarning
 
     batches = [torch.tensor([i]) for i in range(5)]
     state = state_after(batches, trained=3)
@@ -381,6 +425,7 @@ def test_a_state_loads_with_weights_only_and_a_plain_iterable_resumes_by_replayi
     assert len(messages) == 1 and "not a DataLoader" in messages[0] and "3 batches of epoch 0" in messages[0]
 
 
+@pytest.mark.xla
 def test_a_loader_with_workers_resumes_with_the_batches_it_had_not_yielded():
     dataset = Counted(12)
     loader = torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=1)
@@ -414,9 +459,10 @@ def checkpoint_with(*states: dict) -> dict:
     return {"epoch": 0, "loops": {"fit_loop": {"state_dict": {"combined_loader": list(states)}, "other": 1}}}
 
 
+@pytest.mark.xla
 def test_a_checkpoint_holds_in_combined_loader_only_what_plain_lightning_writes_and_reads_back_the_positions():
     """Lightning refuses more loader states than its loaders have (a resume on another accelerator)."""
-    from xla_plugins.strategies._loader_position import CHECKPOINT_KEY, portable, resumable
+    from trainer_plugins.long_runs._loader_position import CHECKPOINT_KEY, portable, resumable
 
     plain = state_after([torch.tensor([i]) for i in range(4)], trained=1)
     own = state_after(OwnPosition([torch.tensor([i]) for i in range(4)]), trained=1)
@@ -432,14 +478,16 @@ def test_a_checkpoint_holds_in_combined_loader_only_what_plain_lightning_writes_
     assert portable(checkpoint_with()) == checkpoint_with()  # nothing to move: as it was
 
 
+@pytest.mark.xla
 def test_a_loader_state_written_without_the_plugin_goes_to_the_loader():
     loader = OwnPosition([torch.tensor([i]) for i in range(4)])
     batches, _ = resumed(loader, {"start": 2, "trained": 0})
     assert batches == [[2], [3]]
 
 
+@pytest.mark.xla
 def test_positions_naming_more_loader_states_than_the_checkpoint_holds_are_refused():
-    from xla_plugins.strategies._loader_position import CHECKPOINT_KEY, resumable
+    from trainer_plugins.long_runs._loader_position import CHECKPOINT_KEY, resumable
 
     checkpoint = checkpoint_with()
     checkpoint[CHECKPOINT_KEY] = [{"version": 1, "has_loader_state": True}]
@@ -455,20 +503,22 @@ def two_shuffled_loaders_drawn(wrap: Any) -> list:
     return [[next(iterator).tolist() for iterator in iterators] for _ in range(3)]
 
 
+@pytest.mark.xla
 def test_the_resumable_loader_and_global_batches_call_iter_when_lightning_does():
     """Issue 35: deferred to the first batch, the second loader's shuffle was drawn after the first's, not plain's."""
+    from trainer_plugins.long_runs._loader_position import ResumableLoader
     from xla_plugins.strategies._batches import GlobalBatches
-    from xla_plugins.strategies._loader_position import ResumableLoader
 
     plain = two_shuffled_loaders_drawn(lambda loader: loader)
     assert two_shuffled_loaders_drawn(lambda loader: ResumableLoader(loader, fake_trainer(), None)) == plain
     assert two_shuffled_loaders_drawn(lambda loader: GlobalBatches(loader, 1)) == plain
 
 
+@pytest.mark.xla
 def test_a_state_at_an_epochs_last_batch_resumes_with_the_next_epoch_decided_at_its_first_batch():
     """Issue 35: Lightning calls iter() before its loop moves to the next epoch; the wrapper took the epoch from there
     and yielded nothing for it (a fit resumed from an epoch's last batch skipped the next epoch)."""
-    from xla_plugins.strategies._loader_position import ResumableLoader
+    from trainer_plugins.long_runs._loader_position import ResumableLoader
 
     loader = torch.utils.data.DataLoader(Counted(16), batch_size=4, shuffle=True)
     torch.manual_seed(11)

@@ -2,6 +2,10 @@
 
 Each run is a script in its own process: the script sends the signal to itself with ``os.kill`` from
 ``training_step`` at global step ``STOP_AT``, on real torch_xla (PJRT CPU). 8 batches an epoch, 2 epochs.
+The tests taking ``strategy`` from :data:`BACKEND_STRATEGIES` run the same code on both backends: the
+XLA plugin's ``single_xla`` (marked ``xla``) and the TorchTPU plugin's single-device and two-process DDP
+strategies on the stand-in device (marked ``torchtpu``); a cell without the backend skips the case. The
+other tests are the XLA plugin's (marked ``xla``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from xla_plugins.strategies import _stop_agreement, _stop_checkpoint, _stop_settings
+from trainer_plugins.long_runs import _stop_checkpoint, _stop_settings
 
-pytestmark = pytest.mark.xla
+#: The strategies of the tests run on both backends, marked with their backend.
+BACKEND_STRATEGIES = [
+    pytest.param("single_xla", marks=pytest.mark.xla),
+    pytest.param("torchtpu", marks=pytest.mark.torchtpu),
+    pytest.param("torchtpu_ddp", marks=pytest.mark.torchtpu),
+]
+#: The strategies whose processes agree on a stop at the next batch start (one batch after the one in flight).
+AGREEING = ("torchtpu_ddp",)
 
 BATCHES_PER_EPOCH = 8
 EPOCHS = 2
@@ -90,13 +101,15 @@ SCRIPT = textwrap.dedent(
     callbacks = None
     if os.environ.get("USER_DIRPATH"):
         callbacks = [ModelCheckpoint(dirpath=os.environ["USER_DIRPATH"], save_last=True)]
-    strategy = os.environ["STRATEGY"]
+    strategy, accelerator = os.environ["STRATEGY"], "xla"
+    if strategy.startswith("torchtpu"):  # the TorchTPU plugin's strategies: its single device or DDP, by the count
+        strategy, accelerator = "auto", "tpu"
     if strategy == "xla_fsdp_v2_sharded":
         from xla_plugins.strategies.xla_fsdp_v2 import XLAFSDPv2Strategy
 
         strategy = XLAFSDPv2Strategy(state_dict_type="sharded")
     trainer = L.Trainer(
-        accelerator="xla", strategy=strategy, devices="auto" if devices > 1 else 1,
+        accelerator=accelerator, strategy=strategy, devices="auto" if devices > 1 else 1,
         max_epochs={EPOCHS}, default_root_dir=sys.argv[1], enable_progress_bar=False, callbacks=callbacks,
     )
     ckpt_path = os.environ.get("CKPT_PATH") or None
@@ -109,9 +122,16 @@ SCRIPT = textwrap.dedent(
 def run_script(root: Path, strategy: str = "single_xla", devices: int = 1, **env: str) -> subprocess.CompletedProcess:
     script = root.parent / "train.py"
     script.write_text(SCRIPT)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("XLA_PLUGINS_")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_PLUGINS_", "TRAINER_PLUGINS_"))}
+    if strategy == "torchtpu_ddp":
+        devices = 2
     environ.update({"PJRT_DEVICE": "CPU", "STRATEGY": strategy, "DEVICES": str(devices), **env})
-    if devices > 1:
+    if strategy.startswith("torchtpu"):
+        from test_torchtpu_distributed import _free_port
+
+        environ.update(TORCHTPU_PLUGINS_DEVICE="cpu", TORCHTPU_PLUGINS_DEVICE_COUNT=str(devices))
+        environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port(), GLOO_SOCKET_IFNAME="lo")
+    elif devices > 1:
         environ["CPU_NUM_DEVICES"] = str(devices)
     return subprocess.run(
         [sys.executable, str(script), str(root)], env=environ, capture_output=True, text=True, timeout=300
@@ -167,27 +187,36 @@ def assert_stopped_with_a_checkpoint(
     return checkpoint
 
 
+def stopped_at(strategy: str) -> int:
+    """The global step of the stop checkpoint: the step in flight, or the next one where the processes agree."""
+    return STOP_AT + (2 if strategy in AGREEING else 1)
+
+
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
-def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_and_exits_143(tmp_path):
+@pytest.mark.parametrize("strategy", BACKEND_STRATEGIES)
+def test_sigterm_in_training_step_finishes_the_step_then_writes_one_checkpoint_and_exits_143(tmp_path, strategy):
     root = tmp_path / "run"
-    result = run_script(root, STOP_AT=str(STOP_AT))
-    assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
+    result = run_script(root, strategy, STOP_AT=str(STOP_AT))
+    assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM, stopped_at(strategy))
     assert "SIGTERMException" not in output(result)
     (line,) = [line for line in output(result).splitlines() if "Stopped by SIGTERM" in line]
-    assert 'Resume with trainer.fit(..., ckpt_path="last") or XLA_PLUGINS_RESUME=auto.' in line
+    assert 'Resume with trainer.fit(..., ckpt_path="last") or TRAINER_PLUGINS_RESUME=auto.' in line
 
 
-@pytest.mark.slow  # CI budget: primary tox cell only (tox.ini)
-def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path):
+@pytest.mark.slow  # CI budget: primary tox cell and the torchtpu cells (tox.ini); DDP: tests/test_exact_resume.py
+@pytest.mark.parametrize("strategy", BACKEND_STRATEGIES[:2])
+def test_rerun_with_ckpt_path_last_continues_to_the_full_step_count(tmp_path, strategy):
     root = tmp_path / "run"  # Lightning's default logger and ModelCheckpoint: a new version_N folder each run
-    assert_stopped_with_a_checkpoint(run_script(root, STOP_AT=str(STOP_AT)), root, signal.SIGTERM)
-    resumed = run_script(root, CKPT_PATH="last")
+    stopped = run_script(root, strategy, STOP_AT=str(STOP_AT))
+    assert_stopped_with_a_checkpoint(stopped, root, signal.SIGTERM, stopped_at(strategy))
+    resumed = run_script(root, strategy, CKPT_PATH="last")
     assert f"Restoring states from the checkpoint path at {stop_checkpoint(root)}" in output(resumed)
-    assert printed_global_step(resumed, "START") == STOP_AT + 1
+    assert printed_global_step(resumed, "START") == stopped_at(strategy)
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
     assert not stop_checkpoint(root).exists()  # the finished run superseded it: "last" never goes back to it
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint_last(tmp_path):
     root, dirpath = tmp_path / "run", tmp_path / "user_checkpoints"
@@ -201,6 +230,7 @@ def test_ckpt_path_last_picks_the_stop_checkpoint_over_an_older_model_checkpoint
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     root = tmp_path / "run"
@@ -219,6 +249,7 @@ def test_auto_resume_makes_a_plain_rerun_continue_once(tmp_path):
     assert final_global_step(again) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     root = tmp_path / "run"
@@ -229,6 +260,7 @@ def test_without_auto_resume_a_plain_rerun_starts_over(tmp_path):
     assert final_global_step(fresh) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_auto_resume_without_a_stop_checkpoint_starts_over_silently(tmp_path):
     root = tmp_path / "run"
@@ -238,6 +270,7 @@ def test_auto_resume_without_a_stop_checkpoint_starts_over_silently(tmp_path):
     assert final_global_step(result) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_signal_named_in_the_setting_stops_with_a_checkpoint_and_its_own_status(tmp_path):
     root = tmp_path / "run"
@@ -245,6 +278,7 @@ def test_a_signal_named_in_the_setting_stops_with_a_checkpoint_and_its_own_statu
     assert_stopped_with_a_checkpoint(result, root, signal.SIGUSR1)
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_second_signal_during_the_save_changes_nothing(tmp_path):
     root = tmp_path / "run"
@@ -252,6 +286,7 @@ def test_a_second_signal_during_the_save_changes_nothing(tmp_path):
     assert_stopped_with_a_checkpoint(result, root, signal.SIGTERM)
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_sigterm_during_validation_writes_the_checkpoint_there_to_run_that_validation_again(tmp_path):
     root = tmp_path / "run"  # validation after epoch 0 (8 batches); the signal at its 2nd batch
@@ -269,6 +304,7 @@ def test_sigterm_during_validation_writes_the_checkpoint_there_to_run_that_valid
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_rerun_without_validation_from_a_stop_during_validation_ends_at_the_uninterrupted_step_count(tmp_path):
     """Lightning 2.6.6 alone trains one batch more (17 of 16): its restarted epoch loop waits for the validation."""
@@ -279,6 +315,7 @@ def test_a_rerun_without_validation_from_a_stop_during_validation_ends_at_the_un
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_validation_run_again_after_a_stop_counts_its_batches_once(tmp_path):
     """Stopped in epoch 0's validation, then, resumed, at the end of epoch 0: the second checkpoint's validation
@@ -296,6 +333,7 @@ def test_a_validation_run_again_after_a_stop_counts_its_batches_once(tmp_path):
     assert final_global_step(last) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_sigterm_during_the_sanity_check_writes_the_untrained_state_and_the_rerun_trains_it_all(tmp_path):
     root = tmp_path / "run"  # before training starts only Lightning's handler listens (SIGTERM)
@@ -307,6 +345,7 @@ def test_sigterm_during_the_sanity_check_writes_the_untrained_state_and_the_reru
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_save_past_the_deadline_leaves_no_checkpoint_and_exits_with_the_same_status(tmp_path):
     root = tmp_path / "run"
@@ -346,6 +385,29 @@ def test_settings_read_names_in_any_case_without_repeats(monkeypatch):
     assert _stop_settings.deadline_s() == _stop_settings.DEFAULT_DEADLINE_S < 30
 
 
+def test_a_backends_earlier_names_of_the_settings_stay_accepted_where_the_neutral_name_is_not_set(monkeypatch):
+    """xla-plugins' XLA_PLUGINS_RESUME (and the others) still work; TRAINER_PLUGINS_RESUME wins where both are set."""
+    monkeypatch.setattr(_stop_settings, "ALIASES", {variable: [] for variable in _stop_settings.ALIASES})
+    for variable in ("TRAINER_PLUGINS_RESUME", "XLA_PLUGINS_RESUME", "XLA_PLUGINS_CHECKPOINT_DEADLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    _stop_settings.accept_aliases("XLA_PLUGINS")
+    _stop_settings.accept_aliases("XLA_PLUGINS")  # again: nothing changes
+    assert _stop_settings.ALIASES[_stop_settings.RESUME_VARIABLE] == ["XLA_PLUGINS_RESUME"]
+    monkeypatch.setenv("XLA_PLUGINS_RESUME", "auto")
+    assert _stop_settings.resume_mode() == "auto"
+    assert "(XLA_PLUGINS_RESUME=auto is set)" in _stop_settings.resume_hint()
+    monkeypatch.setenv("XLA_PLUGINS_CHECKPOINT_DEADLINE", "5")
+    assert _stop_settings.deadline_s() == 5
+    monkeypatch.setenv("XLA_PLUGINS_RESUME", "sometimes")
+    with pytest.raises(ValueError, match="XLA_PLUGINS_RESUME='sometimes' is not valid"):
+        _stop_settings.resume_mode()
+    monkeypatch.setenv("TRAINER_PLUGINS_RESUME", "off")
+    assert _stop_settings.resume_mode() == "off"
+    with pytest.raises(ValueError, match="'xla plugins'"):
+        _stop_settings.accept_aliases("xla plugins")
+
+
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_bad_resume_setting_fails_the_fit_before_training(tmp_path):
     root = tmp_path / "run"
@@ -354,6 +416,7 @@ def test_a_bad_resume_setting_fails_the_fit_before_training(tmp_path):
     assert "XLA_PLUGINS_RESUME='sometimes' is not valid: give one of off, auto" in output(result)
 
 
+@pytest.mark.xla
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["xla_spmd", "xla_fsdp_v2", "xla_fsdp_v2_sharded"])
 def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tmp_path, strategy):
@@ -366,6 +429,7 @@ def test_four_device_sigterm_writes_the_checkpoint_and_ckpt_path_last_resumes(tm
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # a longer single-device run: primary tox cell only (tox.ini)
 def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_directory(tmp_path):
     for kind in ("file", "directory"):
@@ -382,12 +446,15 @@ def test_a_new_stop_checkpoint_replaces_the_earlier_one_file_or_sharded_director
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(kind)) == [f"{kind}.ckpt"]
 
 
+@pytest.mark.xla
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_to", ["main process", "this process"])
 def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint_and_resume(tmp_path, signal_to):
     """4 replicas (threads of one worker, tests/xla_cpu_harness.py); the signal goes from rank 0 to the main process
     or to its own worker: all stop after the batch in flight plus STOP_MARGIN_BATCHES, at one step."""
     from xla_cpu_harness import required_environment
+
+    from xla_plugins.strategies import _stop_agreement
 
     root = tmp_path / "run"
     harness = {**required_environment(4), "HARNESS": str(Path(__file__).parent), "XLA_PLUGINS_REPLICA_TIMEOUT": "120"}
@@ -400,9 +467,11 @@ def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint
     assert final_global_step(resumed) == EPOCHS * BATCHES_PER_EPOCH
 
 
+@pytest.mark.xla
 @pytest.mark.slow  # 4 replica threads (tests/xla_cpu_harness.py): primary tox cell only (tox.ini)
 def test_a_spawn_strategy_save_past_the_deadline_exits_with_the_stop_status_and_leaves_no_checkpoint(tmp_path):
     """The replica whose save misses the deadline ends its worker with 143; the main process exits with it too."""
+
     from xla_cpu_harness import required_environment
 
     root = tmp_path / "run"
@@ -435,8 +504,11 @@ class OtherHost:
         return torch.maximum(values, torch.tensor(self.values))
 
 
+@pytest.mark.xla
 def test_on_several_hosts_a_signal_of_another_host_stops_this_one_at_the_agreed_batch():
     import multiprocessing
+
+    from xla_plugins.strategies import _stop_agreement
 
     stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
     margin = _stop_agreement.STOP_MARGIN_BATCHES
@@ -451,9 +523,12 @@ def test_on_several_hosts_a_signal_of_another_host_stops_this_one_at_the_agreed_
     assert other.calls == 3 + margin  # the leading replica takes part at every batch
 
 
+@pytest.mark.xla
 def test_on_several_hosts_this_hosts_signal_is_a_request_until_the_hosts_agree():
     import multiprocessing
     import threading
+
+    from xla_plugins.strategies import _stop_agreement
 
     stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
     margin = _stop_agreement.STOP_MARGIN_BATCHES
@@ -476,6 +551,7 @@ def test_on_several_hosts_this_hosts_signal_is_a_request_until_the_hosts_agree()
     assert seen == [signal.SIGTERM]
 
 
+@pytest.mark.xla
 @pytest.mark.subprocess  # a fresh interpreter: torch_xla keeps one xla:// store a process (tox.ini)
 def test_the_worker_group_meets_on_torch_xlas_xla_store():
     """The agreement's group of worker processes forms through torch_xla's own xla:// rendezvous (one process

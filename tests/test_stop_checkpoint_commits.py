@@ -14,7 +14,7 @@ import fsspec
 import pytest
 from conftest import run_python
 
-from xla_plugins.strategies import _stop_checkpoint
+from trainer_plugins.long_runs import _stop_checkpoint
 
 pytestmark = pytest.mark.xla
 

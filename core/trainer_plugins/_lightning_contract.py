@@ -98,6 +98,16 @@ METHODS = (
         f"{_DATA}.on_trainer_init",
         ("self", "val_check_interval", "reload_dataloaders_every_n_epochs", "check_val_every_n_epoch"),
     ),
+    # trainer_plugins.long_runs: the Trainer function a launcher resolves `ckpt_path` for (2.6 added `weights_only`)
+    PrivateMethod(
+        "lightning.pytorch.trainer.trainer:Trainer._fit_impl",
+        ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path")
+        + (("weights_only",) if lightning_release() >= (2, 6) else ()),
+    ),
+    PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
+    PrivateMethod("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate", ("self",)),
+    PrivateMethod("lightning.fabric.utilities.data:_set_sampler_epoch", ("dataloader", "epoch")),
+    PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
 )
 
 _SHARED_FLAGS = (
@@ -129,6 +139,20 @@ ATTRIBUTES = (
     PrivateAttribute(_CHECKPOINT, "_loaded_checkpoint"),
     PrivateAttribute(_CHECKPOINT, "_ckpt_path"),
     PrivateAttribute("lightning.pytorch.callbacks.model_checkpoint:ModelCheckpoint", "_fs"),
+    # trainer_plugins.long_runs: launchers, the stop flag, the stop checkpoint's dump, the background writer's
+    # thread, the loader positions (a training loader finds its index among the fit's loaders)
+    PrivateAttribute("lightning.pytorch.strategies.launchers.launcher:", "_Launcher"),
+    PrivateAttribute("lightning.pytorch.strategies.launchers.subprocess_script:", "_SubprocessScriptLauncher"),
+    PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
+    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
+    PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
+    PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
+    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
+    PrivateAttribute("lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader"),
+    PrivateAttribute("lightning.fabric.utilities.data:", "_set_sampler_epoch"),
+    PrivateAttribute("lightning.fabric.utilities.types:", "_Stateful"),
+    PrivateAttribute("lightning.fabric.utilities.types:", "_PATH"),
 )
 
 

@@ -5,7 +5,9 @@
 A seeded fit (``seed_everything(1234)``) of a small model with dropout, SGD with momentum, a step
 LR scheduler, ``accumulate_grad_batches=2``, a shuffled training loader of indexed samples and a
 validation loader, on ``--strategy`` (4 devices unless ``single_xla``; ``xla`` through
-tests/xla_cpu_harness.py when ``HARNESS`` names its folder). Under ``ROOT``:
+tests/xla_cpu_harness.py when ``HARNESS`` names its folder; ``torchtpu`` and ``torchtpu_ddp``: the
+TorchTPU plugin's strategies on ``accelerator="tpu"``, one device or two DDP processes through
+Lightning's launcher, on the stand-in device). Under ``ROOT``:
 
 * ``seen.jsonl``: one line per training batch, appended by every run, when rank 0 (for ``xla``
   every rank) starts it: epoch, batch index, rank and the sample indices of the batch;
@@ -49,7 +51,8 @@ parser.add_argument("--stop", default="")
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--signal-to", default="this process", choices=["this process", "main"])
 args = parser.parse_args()
-DEVICES = 1 if args.strategy == "single_xla" else 4
+DEVICES = {"single_xla": 1, "torchtpu": 1, "torchtpu_ddp": 2}.get(args.strategy, 4)
+ACCELERATOR, STRATEGY = ("tpu", "auto") if args.strategy.startswith("torchtpu") else ("xla", args.strategy)
 KIND, _, WHERE = args.stop.partition(":")
 SEEN = os.path.join(args.root, "seen.jsonl")
 
@@ -118,8 +121,8 @@ samples = TRAIN_BATCHES * BATCH * DEVICES
 train = DataLoader(Indexed(samples, 0), batch_size=BATCH, shuffle=True)
 val = DataLoader(Indexed(VAL_BATCHES * BATCH * DEVICES, 10_000), batch_size=BATCH)
 trainer = L.Trainer(
-    accelerator="xla",
-    strategy=args.strategy,
+    accelerator=ACCELERATOR,
+    strategy=STRATEGY,
     devices="auto" if DEVICES > 1 else 1,
     max_epochs=EPOCHS,
     accumulate_grad_batches=ACCUMULATE,

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 VOCAB, DIM, BATCH, STEPS, LR = 16, 8, 16, 3, 0.5
 # One epoch of STEPS batches: the first run's checkpoint is at an epoch's end, where a resume on the XLA
-# strategies (which continue inside an epoch, xla_plugins.strategies._loader_position) and on plain
+# strategies (which continue inside an epoch, trainer_plugins.long_runs._loader_position) and on plain
 # Lightning (which starts an interrupted epoch over) train the same batches next.
 SAMPLES = BATCH * STEPS
 

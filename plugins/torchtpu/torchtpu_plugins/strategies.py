@@ -35,6 +35,10 @@ Fully sharded training is Lightning's own FSDP2 path, its ``ModelParallelStrateg
 a one-dimensional data-parallel mesh over every process (Lightning's default puts the processes of a
 host on its tensor-parallel dimension). A module that shards itself in ``configure_model`` (Trainer)
 or a ``parallelize_fn`` (Fabric) keeps its sharding; otherwise :func:`shard_each_child` shards it.
+
+The Trainer strategies run long runs with the core's mixins (:mod:`trainer_plugins.long_runs`): a stop
+signal writes a checkpoint that ``ckpt_path="last"`` resumes exactly, DDP's processes agreeing on the
+stop over the ``"tpu_dist"`` group; checkpoints are written atomically, in a background thread.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ from torch.nn import Module
 from typing_extensions import override
 
 from torchtpu_plugins import _process_groups
+from trainer_plugins.long_runs._background_checkpoints import WritesCheckpointsInBackground
+from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
+from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
+from trainer_plugins.long_runs._preemption import SavesCheckpointOnStop
 
 
 def _bound_device() -> torch.device:
@@ -157,8 +165,15 @@ class _CPUCheckpoints:
         super().save_checkpoint(_on_cpu(checkpoint), filepath, storage_options)  # type: ignore[misc]
 
 
-class TorchTPUSingleDeviceStrategy(_CPUCheckpoints, SingleDeviceStrategy):
-    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors."""
+class TorchTPUSingleDeviceStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
+    WritesCheckpointsInBackground,
+    _CPUCheckpoints,
+    SingleDeviceStrategy,
+):
+    """Lightning's ``SingleDeviceStrategy`` on one ``"tpu"`` device; checkpoints hold CPU tensors; long runs."""
 
 
 class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
@@ -169,11 +184,20 @@ class FabricTorchTPUSingleDeviceStrategy(FabricSingleDeviceStrategy):
         _move_keeping_parameters(module, self.root_device)
 
 
-class TorchTPUDDPStrategy(_TPUGroup, _CPUCheckpoints, DDPStrategy):
+class TorchTPUDDPStrategy(  # type: ignore[misc]
+    SavesCheckpointOnStop,
+    ResumesLoaderPosition,
+    CorrectsRestarts,
+    WritesCheckpointsInBackground,
+    _TPUGroup,
+    _CPUCheckpoints,
+    DDPStrategy,
+):
     """Lightning's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
 
-    Checkpoints hold CPU tensors, copied on every rank. A default group made by the launcher (Ray
-    Train) is kept, with a ``"tpu_dist"`` group beside it where it has no ``"tpu"`` backend.
+    Checkpoints hold CPU tensors, copied on every rank; long runs (the core's mixins). A default group
+    made by the launcher (Ray Train) is kept, with a ``"tpu_dist"`` group beside it where it has no
+    ``"tpu"`` backend.
     """
 
     @property

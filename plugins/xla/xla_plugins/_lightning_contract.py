@@ -12,7 +12,6 @@ instead of changing the plugin's behaviour silently. Nothing here imports Lightn
 from __future__ import annotations
 
 from trainer_plugins._lightning_contract import PrivateAttribute, PrivateMethod
-from trainer_plugins._lightning_contract import lightning_release as _lightning_release
 
 _RESULT = "lightning.pytorch.trainer.connectors.logger_connector.result"
 _LOGGER = "lightning.pytorch.trainer.connectors.logger_connector.logger_connector:_LoggerConnector"
@@ -51,20 +50,8 @@ METHODS = (
         f"{_FABRIC_LAUNCHER}._wrapping_function",
         ("self", "process_idx", "function", "args", "kwargs", "return_queue", "global_states"),
     ),
-    # xla_plugins.strategies._stop_checkpoint: the Trainer function its launcher recognises, and its `ckpt_path`
-    # (Lightning 2.6 added `weights_only`)
-    PrivateMethod(
-        "lightning.pytorch.trainer.trainer:Trainer._fit_impl",
-        ("self", "model", "train_dataloaders", "val_dataloaders", "datamodule", "ckpt_path")
-        + (("weights_only",) if _lightning_release() >= (2, 6) else ()),
-    ),
+    # the spawn strategy's launcher (the long-run pieces' private names are the core's contract)
     PrivateMethod("lightning.pytorch.strategies.strategy:Strategy._configure_launcher", ("self",)),
-    # xla_plugins.strategies._preemption: the stop waits for the end of the accumulation window
-    PrivateMethod("lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._should_accumulate", ("self",)),
-    # xla_plugins.strategies._loader_position: the sampler's epoch, as Lightning's loops set it
-    PrivateMethod("lightning.fabric.utilities.data:_set_sampler_epoch", ("dataloader", "epoch")),
-    # xla_plugins.checkpoint_io: the writer thread of Lightning's AsyncCheckpointIO
-    PrivateMethod("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO._ensure_setup", ("self",)),
 )
 
 ATTRIBUTES = (
@@ -83,7 +70,6 @@ ATTRIBUTES = (
     PrivateAttribute("lightning.fabric.utilities.types:", "_DEVICE"),
     PrivateAttribute("lightning.fabric.utilities.types:", "_PATH"),
     PrivateAttribute("lightning.fabric.utilities.types:", "_Stateful"),
-    PrivateAttribute("lightning.fabric.utilities.data:", "_set_sampler_epoch"),
     # private instance attributes the plugin reads or replaces
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_logger_connector"),
     PrivateAttribute(_LOGGER, "_logged_metrics"),
@@ -96,15 +82,9 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
     PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
     PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
-    # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy
+    # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy (the core's
+    # trainer_plugins.long_runs lists the rest of its names in trainer_plugins._lightning_contract)
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
     PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),
     PrivateAttribute("lightning.pytorch.trainer.connectors.signal_connector:_SignalConnector", "received_sigterm"),
-    # xla_plugins.strategies._preemption writes the stop checkpoint as Trainer.save_checkpoint does
-    PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_checkpoint_connector"),
-    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_executor"),
-    PrivateAttribute("lightning.pytorch.plugins.io.async_plugin:AsyncCheckpointIO", "_error"),
-    # xla_plugins.strategies._loader_position: a training loader finds its index among the fit's loaders, and the
-    # strategy lets the loaders' threads fetch once the loop has started
-    PrivateAttribute("lightning.pytorch.loops.fit_loop:_FitLoop", "_combined_loader"),
 )

@@ -9,7 +9,7 @@ to :data:`METADATA_FILE` beside them.
 and knows neither torch_xla's sharded tensors nor its CPU shards, and it runs each save in a
 thread of its own, where the checkpoint must share the one writer of
 :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` (one write in flight) and be
-committed after its files (:mod:`xla_plugins._commits`).
+committed after its files (:mod:`trainer_plugins.long_runs._commits`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from xla_plugins import _commits
+from trainer_plugins.long_runs import _commits
 from xla_plugins._silenced_warnings import SHARDED_CHECKPOINT, silenced_on_this_thread
 
 #: File of a sharded checkpoint directory holding everything but the tensors of modules and optimizers.

@@ -1,52 +1,11 @@
-"""Reading the plugin's own environment variables (``XLA_PLUGINS_*``) into checked values.
+"""The plugin's ``XLA_PLUGINS_*`` environment variables read into checked values, by the core's readers.
 
-Environment variables are the one source of these settings: worker processes inherit them. Each
-setting's variable is named and documented where it is used (the replica watch, the metric reads).
+The readers moved to :mod:`trainer_plugins._variables` with the long-run settings they serve; this
+name stays so that modules importing ``xla_plugins._variables`` keep working.
 """
 
 from __future__ import annotations
 
-import math
-import os
+from trainer_plugins._variables import choice_from_environment, seconds_from_environment
 
-
-def seconds_from_environment(variable: str, default: float, meaning: str) -> float:
-    """Seconds (a finite number >= 0) from environment variable ``variable``; ``default`` when unset or blank.
-
-    Args:
-        variable: name of the environment variable, e.g. ``XLA_PLUGINS_REPLICA_TIMEOUT``.
-        default: seconds returned when the variable is unset or blank.
-        meaning: what the seconds are for, quoted in the error ("the seconds a replica may ...").
-
-    Raises:
-        ValueError: the value is not a finite number >= 0; the message names the variable, its
-            value, what it means and the default.
-    """
-    text = os.environ.get(variable, "").strip()
-    if not text:
-        return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"{variable}={text!r} is not valid: give {meaning}, a number >= 0 (default {default:g}).")
-    return seconds
-
-
-def choice_from_environment(variable: str, choices: tuple[str, ...], default: str) -> str:
-    """One of ``choices`` from environment variable ``variable`` (any case, blanks ignored); ``default`` if unset/blank.
-
-    Args:
-        variable: name of the environment variable, e.g. ``XLA_PLUGINS_SUMMARY``.
-        choices: the valid values, lower case.
-        default: the value when the variable is unset or blank (one of ``choices``).
-
-    Raises:
-        ValueError: any other value; the message names the variable, its value and the choices.
-    """
-    text = os.environ.get(variable, "")
-    value = text.strip().lower() or default
-    if value not in choices:
-        raise ValueError(f"{variable}={text!r} is not valid: give one of {', '.join(choices)}.")
-    return value
+__all__ = ["choice_from_environment", "seconds_from_environment"]

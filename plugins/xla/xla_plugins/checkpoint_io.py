@@ -1,11 +1,12 @@
 """Checkpoint IO plugins of the XLA strategies: atomic writes, and writes in a background thread.
 
-:class:`AtomicXLACheckpointIO` makes a checkpoint visible only once it is complete, a file or the
-directory of a sharded checkpoint alike (:mod:`xla_plugins._commits`): on a local disk written under
-a temporary name, then renamed; on an fsspec filesystem (an object store has no atomic rename)
-moved into place, then marked complete by the commit marker ``<path>.commit`` holding its size in
-bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO` builds on Lightning's
-``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a writer
+:class:`AtomicXLACheckpointIO` (the core's atomic writer, :mod:`trainer_plugins.long_runs._checkpoint_io`,
+with torch_xla's copy to the CPU and sharded directories) makes a checkpoint visible only once it is
+complete, a file or the directory of a sharded checkpoint alike (:mod:`trainer_plugins.long_runs._commits`):
+on a local disk written under a temporary name, then renamed; on an fsspec filesystem (an object
+store has no atomic rename) moved into place, then marked complete by the commit marker
+``<path>.commit`` holding its size in bytes (:func:`is_committed`). :class:`BackgroundXLACheckpointIO`
+builds on Lightning's ``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a writer
 thread writes it, at most one write is in flight.
 
 The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync``, ``device-copy`` or
@@ -14,21 +15,24 @@ The setting :data:`WRITES_VARIABLE` (``background``, the default, ``sync``, ``de
 
 from __future__ import annotations
 
-import atexit
 import os
-import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
-import torch
 from lightning.fabric.plugins.io.xla import XLACheckpointIO
-from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io.async_plugin import AsyncCheckpointIO
 
-from xla_plugins import _commits, _torch_xla_contract
-from xla_plugins._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
+from trainer_plugins.long_runs import _commits
+from trainer_plugins.long_runs._checkpoint_io import (  # noqa: F401 - finish_pending_writes is public here too
+    AtomicCheckpointIO,
+    BackgroundCheckpointIO,
+    finish_pending_writes,
+    refuse_storage_options,
+    remove_stale_temporaries,
+)
+from trainer_plugins.long_runs._commits import COMMIT_SUFFIX, is_committed  # noqa: F401 - COMMIT_SUFFIX is public here too
+from xla_plugins import _torch_xla_contract
 from xla_plugins._logging import log
 from xla_plugins._sharded_writes import write_directory
 from xla_plugins._state_copies import device_copy, device_copy_fits, host_copy, sharded_host_copy
@@ -77,20 +81,21 @@ def default_checkpoint_io() -> XLACheckpointIO | AsyncCheckpointIO:
     return BackgroundXLACheckpointIO(atomic, copy=_COPY_OF_WRITES[writes])
 
 
-class AtomicXLACheckpointIO(XLACheckpointIO):
+class AtomicXLACheckpointIO(AtomicCheckpointIO, XLACheckpointIO):
     """Lightning's ``XLACheckpointIO`` (CPU tensors, ``torch.save``), made atomic: a checkpoint appears only whole.
 
-    Files (:meth:`write`): written to a temporary file ``.<name>.tmp-<host>-<pid>-<id>`` in the target's
+    Files: the core's :class:`~trainer_plugins.long_runs._checkpoint_io.AtomicCheckpointIO` (its ``write``),
+    after torch_xla's copy to the CPU: written to a temporary file ``.<name>.tmp-<host>-<pid>-<id>`` in the target's
     directory; on a local disk flushed, ``fsync``-ed and renamed over the target with
     ``os.replace`` (atomic on POSIX), so a process killed during the write leaves the previous file
     in place; on an fsspec URL moved onto ``path``, then the commit marker ``<path>.commit`` is
     written with the byte size, and a checkpoint counts as complete only with its marker
     (:func:`is_committed`). Sharded checkpoints (:meth:`write_sharded`, the directories of the
     FSDPv2 strategies' ``state_dict_type="sharded"``) the same way, as a directory: written under a
-    temporary name, then renamed into place or moved and marked (:mod:`xla_plugins._commits`). The
+    temporary name, then renamed into place or moved and marked (:mod:`trainer_plugins.long_runs._commits`). The
     temporary names never match Lightning's ``last*.ckpt`` pattern. Each write and each
     ``load_checkpoint`` first removes the temporary files that killed writers of this host left in
-    the checkpoint's directory (:func:`~xla_plugins._commits.remove_stale_temporaries`).
+    the checkpoint's directory (:func:`~trainer_plugins.long_runs._commits.remove_stale_temporaries`).
 
     Raises:
         TypeError: ``storage_options`` given (as Lightning's ``XLACheckpointIO``).
@@ -98,33 +103,8 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
-        _refuse_storage_options(self, storage_options)
+        refuse_storage_options(self, storage_options)
         self.write(_torch_xla_contract.convert_to_cpu(checkpoint), path)
-
-    def write(self, checkpoint: dict[str, Any], path: _PATH) -> None:
-        """Write ``checkpoint`` (CPU tensors only) atomically to the file ``path`` (see the class docstring)."""
-        path = str(path)
-        fs = get_filesystem(path)
-        directory = os.path.dirname(path)
-        if directory:
-            fs.makedirs(directory, exist_ok=True)
-        _remove_stale_temporaries(directory)
-        temporary = _commits.temporary_path(path)
-        local = _commits.is_local(path)
-        try:
-            with open(temporary, "wb") if local else fs.open(temporary, "wb") as stream:
-                self._write_to(checkpoint, stream)
-                if local:
-                    stream.flush()
-                    os.fsync(stream.fileno())
-            _commits.commit(temporary, path)
-        finally:
-            if fs.exists(temporary):
-                fs.rm(temporary)
-
-    def _write_to(self, checkpoint: dict[str, Any], stream: IO[bytes]) -> None:
-        """Serialise ``checkpoint`` into ``stream`` with ``torch.save``."""
-        torch.save(checkpoint, stream)
 
     def save_sharded(
         self, path: _PATH, tensors: dict[str, Any], metadata: Optional[dict[str, Any]], **options: Any
@@ -149,7 +129,7 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
             metadata: the rest of the checkpoint (CPU tensors only), on global rank 0; ``None`` on the other
                 hosts, which write their shards and leave the commit to rank 0.
             staging: the temporary directory, the same on every host; default a fresh
-                :func:`~xla_plugins._commits.temporary_path` beside ``path``.
+                :func:`~trainer_plugins.long_runs._commits.temporary_path` beside ``path``.
             process_group: the group coordinating the hosts' writes (see
                 :func:`~xla_plugins._sharded_writes.write_directory`).
 
@@ -160,7 +140,7 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
         staging = staging or _commits.temporary_path(path)
         coordinator = metadata is not None
         if coordinator:
-            _remove_stale_temporaries(os.path.dirname(path))
+            remove_stale_temporaries(os.path.dirname(path))
         try:
             write_directory(staging, shards, metadata, process_group)
             if coordinator:
@@ -168,39 +148,6 @@ class AtomicXLACheckpointIO(XLACheckpointIO):
         finally:
             if coordinator:
                 _commits.remove(staging)
-
-    def load_checkpoint(self, path: _PATH, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Lightning's ``XLACheckpointIO.load_checkpoint``, after removing the temporary files of killed writers
-        beside ``path`` (see :func:`~xla_plugins._commits.remove_stale_temporaries`)."""
-        _remove_stale_temporaries(os.path.dirname(str(path)))
-        return super().load_checkpoint(path, *args, **kwargs)
-
-    def remove_checkpoint(self, path: _PATH) -> None:
-        """Remove the checkpoint ``path`` (a file or a sharded checkpoint's directory) and its commit marker, if any."""
-        _commits.remove(path)
-
-    def is_committed(self, path: _PATH) -> bool:
-        """See :func:`is_committed`."""
-        return is_committed(path)
-
-
-def _remove_stale_temporaries(directory: str) -> None:
-    """:func:`~xla_plugins._commits.remove_stale_temporaries` of ``directory``, logged; an error only logged too."""
-    try:
-        removed = _commits.remove_stale_temporaries(directory)
-    except OSError as error:
-        log.warning("The temporary files of killed checkpoint writes in %r could not be removed: %r", directory, error)
-        return
-    for path in removed:
-        log.info("Removed %s, the temporary file of a checkpoint write whose process was killed.", path)
-
-
-def _refuse_storage_options(io: Any, storage_options: Optional[Any]) -> None:
-    if storage_options is not None:
-        raise TypeError(
-            f"`storage_options` is not supported by `{type(io).__name__}`; got {storage_options!r}."
-            " Give your own `CheckpointIO` plugin to use them."
-        )
 
 
 def _write_host_copy(write: Callable[..., None], held: list[Any], path: _PATH) -> None:
@@ -217,42 +164,9 @@ def _host_copy_or_none(metadata: Optional[dict[str, Any]]) -> Optional[dict[str,
     return None if metadata is None else host_copy(metadata)
 
 
-#: Every background checkpoint IO of this process, for :func:`finish_pending_writes`.
-_WRITERS: weakref.WeakSet[BackgroundXLACheckpointIO] = weakref.WeakSet()
-
-
-def finish_pending_writes() -> None:
-    """Wait for the write in flight of every :class:`BackgroundXLACheckpointIO` of this process.
-
-    Called by a spawn worker before it ends (it ends through ``os._exit``, which would cut a write
-    short), and when the interpreter exits (:func:`_finish_at_exit`).
-
-    Raises:
-        BaseException: what a write raised.
-    """
-    for writer in list(_WRITERS):
-        writer.wait()
-
-
-@atexit.register
-def _finish_at_exit() -> None:
-    """At the interpreter's normal exit: wait for every write in flight, and log any that failed.
-
-    A script using Fabric, or a strategy on its own, has no end of ``fit`` to wait at. Python joins
-    the writer thread of Lightning's ``AsyncCheckpointIO`` (a ``ThreadPoolExecutor``'s) before
-    ``atexit`` functions run; this wait covers a writer that Python would not join (a daemon
-    thread), and it reports a failed write, which nothing would raise otherwise (an error here
-    cannot change the exit status).
-    """
-    for writer in list(_WRITERS):
-        try:
-            writer.wait()
-        except BaseException as error:  # noqa: BLE001 - reported, the interpreter is ending
-            log.error("A checkpoint written in the background failed: %r", error)
-
-
-class BackgroundXLACheckpointIO(AsyncCheckpointIO):
-    """Lightning's ``AsyncCheckpointIO`` for XLA: the step waits only for a copy of the state.
+class BackgroundXLACheckpointIO(BackgroundCheckpointIO):
+    """The core's background writer (:class:`~trainer_plugins.long_runs._checkpoint_io.BackgroundCheckpointIO`,
+    Lightning's ``AsyncCheckpointIO``) for XLA: the step waits only for a copy of the state.
 
     ``save_checkpoint`` first waits for the write in flight (at most one: the host holds one copy
     of the state), copies the checkpoint, then hands the copy to a writer thread, which calls the
@@ -269,8 +183,8 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
     ``write_sharded``). ``load_checkpoint``, ``remove_checkpoint`` and ``teardown`` wait for the
     write in flight first (so ``trainer.fit`` returns after the last write: Lightning tears the
     strategy's checkpoint IO down at the end of ``fit``); a save after ``teardown`` starts a new
-    writer; the interpreter's normal exit waits too (:func:`_finish_at_exit`). An error of a write
-    is raised by the next call that waits.
+    writer; the interpreter's normal exit waits too (the core's ``_finish_at_exit``). An error of a
+    write is raised by the next call that waits.
 
     Args:
         checkpoint_io: the plugin that writes; it needs a ``write(checkpoint, path)`` method taking
@@ -289,34 +203,16 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
         if copy not in COPY_CHOICES:
             raise ValueError(f"copy={copy!r} is not valid: choose one of {list(COPY_CHOICES)}.")
         self.copy = copy
-        checkpoint_io = AtomicXLACheckpointIO() if checkpoint_io is None else checkpoint_io
-        if not callable(getattr(checkpoint_io, "write", None)):
-            raise TypeError(
-                f"{type(self).__name__} needs a checkpoint IO with a `write(checkpoint, path)` method, such as"
-                f" AtomicXLACheckpointIO; got {type(checkpoint_io).__name__}."
-            )
         super().__init__(checkpoint_io)
-        self._pending: Optional[Future] = None
-        self._pid = os.getpid()
         self._told_host_copy = False
-        _WRITERS.add(self)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_executor=None, _pending=None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        _WRITERS.add(self)
-
-    def _ensure_setup(self) -> None:
-        if self._pid != os.getpid():  # a forked worker: the parent's writer thread does not exist here
-            self._executor, self._pending, self._pid = None, None, os.getpid()
-        super()._ensure_setup()
+    @staticmethod
+    def _default_writer() -> Any:
+        """The plugin that writes when none is given: :class:`AtomicXLACheckpointIO`."""
+        return AtomicXLACheckpointIO()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
-        _refuse_storage_options(self, storage_options)
+        refuse_storage_options(self, storage_options)
         self.wait()
         write = self.checkpoint_io.write  # type: ignore[union-attr]
         if self._copies_on_device(checkpoint):
@@ -357,45 +253,3 @@ class BackgroundXLACheckpointIO(AsyncCheckpointIO):
             )
         self.wait()
         self._submit(write, path, sharded_host_copy(tensors), _host_copy_or_none(metadata), **options)
-
-    def _submit(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        self._ensure_setup()
-        assert self._executor is not None
-        self._pending = self._executor.submit(self._write, write, *args, **kwargs)
-
-    def _write(self, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        try:
-            write(*args, **kwargs)
-        except BaseException as error:  # noqa: BLE001 - raised on the training thread by the next wait
-            self._error = error
-
-    def wait(self) -> None:
-        """Block until the write in flight (if any) is complete.
-
-        Raises:
-            BaseException: what a write raised since the last call (raised once).
-        """
-        pending = self._pending
-        if pending is not None and self._pid == os.getpid():
-            pending.result()  # interrupted (a stop signal's SystemExit), the write stays pending for the next wait
-        self._pending = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.wait()
-        return super().load_checkpoint(*args, **kwargs)
-
-    def remove_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        self.wait()
-        super().remove_checkpoint(*args, **kwargs)
-
-    def teardown(self) -> None:
-        self.wait()
-        super().teardown()
-
-    def is_committed(self, path: _PATH) -> bool:
-        """Whether ``path`` is a complete checkpoint (the wrapped plugin's rule; else :func:`is_committed`)."""
-        rule = getattr(self.checkpoint_io, "is_committed", None)
-        return bool(rule(path)) if callable(rule) else is_committed(path)

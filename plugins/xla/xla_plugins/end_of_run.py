@@ -34,9 +34,8 @@ from typing import Any, Optional
 
 import lightning_utilities.core.rank_zero as rank_zero_module
 
-from trainer_plugins import RunLedger, goodput_summary_line, goodput_table_lines
+from trainer_plugins import RunLedger, _variables, goodput_summary_line, goodput_table_lines
 from trainer_plugins._goodput_ledger import needs_attention
-from xla_plugins import _variables
 from xla_plugins.compile_reports import summary_lines
 
 #: Variable that chooses what a run prints at its end: ``line`` (default), ``tables`` or ``off``.

@@ -40,7 +40,8 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import _METRIC
 from lightning_utilities import apply_to_collection
 from torch import Tensor
 
-from xla_plugins import _torch_xla_contract, _variables
+from trainer_plugins import _variables
+from xla_plugins import _torch_xla_contract
 
 #: Variable that selects the read policy: ``lazy`` (default) or ``eager`` (Lightning's own reads).
 READS_VARIABLE = "XLA_PLUGINS_METRIC_READS"

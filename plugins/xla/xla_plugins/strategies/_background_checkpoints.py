@@ -1,98 +1,32 @@
-"""Strategy mixins: the Trainer's and Fabric's XLA strategies write checkpoints atomically, in the background."""
+"""Strategy mixins: the Trainer's and Fabric's XLA strategies write checkpoints atomically, in the background.
+
+The core's mixins (:mod:`trainer_plugins.long_runs._background_checkpoints`) with the XLA default:
+:func:`~xla_plugins.checkpoint_io.default_checkpoint_io`, that is
+:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` (or, with
+``XLA_PLUGINS_CHECKPOINT_WRITES=sync``, :class:`~xla_plugins.checkpoint_io.AtomicXLACheckpointIO`),
+where Lightning's XLA strategies default to ``XLACheckpointIO`` (``torch.save`` on the calling
+thread, not atomic).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from lightning.pytorch.trainer.states import TrainerStatus
-
+from trainer_plugins.long_runs import _background_checkpoints
 from xla_plugins.checkpoint_io import default_checkpoint_io
 
 
-class _BackgroundWritesByDefault:
-    """Give the strategy :func:`~xla_plugins.checkpoint_io.default_checkpoint_io` when it was given no checkpoint IO.
-
-    Lightning's XLA strategies default to ``XLACheckpointIO`` (``torch.save`` on the calling thread,
-    not atomic); with this mixin the default is
-    :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` (or, with
-    ``XLA_PLUGINS_CHECKPOINT_WRITES=sync``, :class:`~xla_plugins.checkpoint_io.AtomicXLACheckpointIO`).
-    A checkpoint IO given to the strategy or through ``plugins=[...]`` wins. The setter keeps the
-    rule of the Lightning strategy below (Lightning's XLA strategies accept ``XLACheckpointIO``, the
-    Trainer's also a wrapping plugin).
-
-    Raises:
-        ValueError: a bad ``XLA_PLUGINS_CHECKPOINT_WRITES``, when the checkpoint IO is first used and at
-            the latest in ``setup_environment`` (before the first step).
-    """
-
-    _checkpoint_io: Optional[Any]
+class _XLADefault:
+    """The XLA strategies' default checkpoint IO (a bad ``XLA_PLUGINS_CHECKPOINT_WRITES`` raises ``ValueError``)."""
 
     @staticmethod
     def _default_checkpoint_io() -> Any:
         return default_checkpoint_io()
 
-    def setup_environment(self) -> None:
-        self.checkpoint_io  # noqa: B018 - a bad setting is reported before the first step
-        super().setup_environment()  # type: ignore[misc]
 
-    @property
-    def checkpoint_io(self) -> Any:
-        if self._checkpoint_io is None:
-            self._checkpoint_io = self._default_checkpoint_io()
-        return self._checkpoint_io
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: Optional[Any]) -> None:
-        super(_BackgroundWritesByDefault, type(self)).checkpoint_io.fset(self, io)  # type: ignore[misc]
-
-    def wait_for_checkpoint_writes(self) -> None:
-        """Wait for this process's checkpoint write in flight, if its checkpoint IO writes in the background.
-
-        Raises:
-            BaseException: what the write raised.
-        """
-        wait = getattr(self.checkpoint_io, "wait", None)
-        if callable(wait):
-            wait()
+class WritesCheckpointsInBackground(_XLADefault, _background_checkpoints.WritesCheckpointsInBackground):
+    """The core's Trainer mixin with the XLA default writer."""
 
 
-class WritesCheckpointsInBackground(_BackgroundWritesByDefault):
-    """The Trainer's: background writes by default (:class:`_BackgroundWritesByDefault`); a save outside loops waits.
-
-    A save made while no Trainer loop runs (``trainer.save_checkpoint`` after ``fit``, or a strategy
-    used on its own) waits for its write: nothing runs meanwhile, and the caller may read the file
-    next. A save inside a loop returns after the copy to the host; Lightning tears the checkpoint IO
-    down at the end of ``fit``/``validate``/``test``/``predict``, which waits for the last write.
-    """
-
-    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        super().save_checkpoint(*args, **kwargs)  # type: ignore[misc]
-        self._wait_unless_a_loop_runs()
-
-    def _wait_unless_a_loop_runs(self) -> None:
-        module = getattr(self, "lightning_module", None)
-        trainer = getattr(module, "_trainer", None)
-        if trainer is None or trainer.state.status != TrainerStatus.RUNNING:
-            self.wait_for_checkpoint_writes()
-
-
-class FabricWritesCheckpointsInBackground(_BackgroundWritesByDefault):
-    """Fabric's: ``fabric.save`` returns after the copy to the host (see :class:`_BackgroundWritesByDefault`).
-
-    ``fabric.load`` waits for the write in flight first, on every rank: global rank 0 (the writer)
-    finishes its write, then all ranks meet in a barrier before any reads, since every rank may read
-    what rank 0 wrote. A later ``fabric.save`` waits for the earlier write (one in flight); the end
-    of a spawn worker and the interpreter's normal exit wait for the last one
-    (:func:`~xla_plugins.checkpoint_io.finish_pending_writes`). A file read by other means right
-    after ``fabric.save`` needs ``fabric.strategy.wait_for_checkpoint_writes()`` first.
-    """
-
-    def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        self.wait_for_checkpoints_of_every_rank()
-        return super().load_checkpoint(*args, **kwargs)  # type: ignore[misc]
-
-    def wait_for_checkpoints_of_every_rank(self) -> None:
-        """Wait for this process's write in flight, then, with several ranks, for every rank (a barrier)."""
-        self.wait_for_checkpoint_writes()
-        if getattr(self, "world_size", 1) > 1:
-            self.barrier("xla_plugins.checkpoint_written")  # type: ignore[attr-defined]
+class FabricWritesCheckpointsInBackground(_XLADefault, _background_checkpoints.FabricWritesCheckpointsInBackground):
+    """The core's Fabric mixin with the XLA default writer."""

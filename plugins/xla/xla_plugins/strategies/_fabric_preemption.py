@@ -15,7 +15,7 @@ strategy up (``fabric.launch()``, or the first ``fabric.setup``):
   that handler runs instead (after the flag is set, where the loop reads it);
 * either way, if the process has not ended within ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` seconds of the
   signal, it logs that and ends at once with that status (the checkpoints written earlier stay whole:
-  they are committed by a rename, :mod:`xla_plugins._commits`).
+  they are committed by a rename, :mod:`trainer_plugins.long_runs._commits`).
 
 Ranks agree on the stop: every read of ``received_sigterm`` is where they agree, so every rank
 sees ``True`` at the same read (on several hosts under the SPMD strategies a collective over the
@@ -31,11 +31,11 @@ import signal
 import threading
 from typing import Any, NoReturn, Optional
 
+from trainer_plugins.long_runs._preemption import _Stop
+from trainer_plugins.long_runs._stop_settings import checkpoint_signals, deadline_s, exit_status
 from xla_plugins._logging import log
 from xla_plugins.strategies import _stop_agreement
-from xla_plugins.strategies._preemption import _Stop
 from xla_plugins.strategies._stop_agreement import agreed_signal, several_hosts
-from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s, exit_status
 
 
 def _before_fabric(signum: int, handler: Any) -> Any:
@@ -59,7 +59,7 @@ class FabricStopsOnSignal:
 
     Raises:
         ValueError: ``XLA_PLUGINS_CHECKPOINT_SIGNALS`` or ``XLA_PLUGINS_CHECKPOINT_DEADLINE`` is invalid (in
-            ``setup_environment``; see :mod:`xla_plugins.strategies._stop_settings`).
+            ``setup_environment``; see :mod:`trainer_plugins.long_runs._stop_settings`).
     """
 
     _fabric_stop: Optional[_Stop] = None

@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from lightning.pytorch.trainer.states import TrainerFn
 
-from trainer_plugins import GoodputLedger, start_ledger
-from xla_plugins import _variables, end_of_run
+from trainer_plugins import GoodputLedger, _variables, start_ledger
+from xla_plugins import end_of_run
 from xla_plugins.loop_phases import CompileSeconds
 
 #: Variable that switches the goodput ledger ``on`` (default) or ``off``.

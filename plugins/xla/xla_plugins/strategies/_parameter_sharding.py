@@ -17,7 +17,8 @@ from lightning_utilities import apply_to_collection
 from torch import Tensor
 from torch.nn import Module
 
-from xla_plugins import _commits, _torch_xla_contract
+from trainer_plugins.long_runs import _commits
+from xla_plugins import _torch_xla_contract
 from xla_plugins._silenced_warnings import BACKWARD_BARRIER, silenced
 from xla_plugins.strategies._sharded_checkpoints import save_sharded
 from xla_plugins.strategies._tied_parameters import move_module

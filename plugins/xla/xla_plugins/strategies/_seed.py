@@ -52,7 +52,7 @@ class SeedsDeviceAtSetup:
     ``fit``/``validate``/``test``/``predict``. The run's seed (:attr:`run_seed`, ``torch.initial_seed()``
     then) also seeds each training batch (:func:`batch_seed`, in Lightning's ``on_train_batch_start``
     strategy hook, right before ``training_step``); a resumed run takes the seed of the run it
-    continues (:mod:`xla_plugins.strategies._loader_position` keeps it in the checkpoint).
+    continues (:mod:`trainer_plugins.long_runs._loader_position` keeps it in the checkpoint).
     """
 
     root_device: Any

@@ -42,14 +42,18 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
+from trainer_plugins.long_runs import _stop_settings
+from trainer_plugins.long_runs._stop_settings import checkpoint_signals, deadline_s, exit_status
 from xla_plugins import _runtime
 from xla_plugins._logging import log
 from xla_plugins._world import World, leads_its_process, one_rank_per_process
 from xla_plugins.checkpoint_io import finish_pending_writes
-from xla_plugins.strategies._stop_settings import checkpoint_signals, deadline_s, exit_status
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+# the settings' names before they moved to the core, read by every XLA strategy that stops on a signal
+_stop_settings.accept_aliases("XLA_PLUGINS")
 
 
 def several_hosts(strategy: Any) -> bool:

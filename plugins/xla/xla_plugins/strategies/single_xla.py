@@ -12,6 +12,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _LightningSingleDeviceXLAStrategy
 
+from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
+from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
 from xla_plugins import _runtime
 from xla_plugins.recompile_budget import check_budget
 from xla_plugins.strategies._background_checkpoints import (
@@ -23,8 +25,6 @@ from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
-from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
-from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule

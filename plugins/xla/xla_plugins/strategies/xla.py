@@ -10,6 +10,8 @@ from lightning.fabric.utilities.types import ReduceOp
 from lightning.pytorch.strategies.xla import XLAStrategy as _LightningXLAStrategy
 from torch import Tensor
 
+from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
+from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
 from xla_plugins import _runtime, _world
 from xla_plugins.environment import XLAEnvironment, check_launcher_world, process_environment
 from xla_plugins.strategies import _reduce
@@ -22,8 +24,6 @@ from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFab
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
-from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
-from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies

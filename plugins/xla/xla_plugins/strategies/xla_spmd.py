@@ -12,6 +12,8 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
+from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._background_checkpoints import (
     FabricWritesCheckpointsInBackground,
@@ -22,8 +24,6 @@ from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFab
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
 from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
 from xla_plugins.strategies._goodput import KeepsGoodputLedger
-from xla_plugins.strategies._interrupted_validation import CorrectsRestarts
-from xla_plugins.strategies._loader_position import ResumesLoaderPosition
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
 from xla_plugins.strategies._preemption import SavesCheckpointOnStop
@@ -113,7 +113,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
         The start-up line names the loader by the Trainer's stage (``train_dataloader``,
         ``val_dataloader`` also in the sanity check, ``test_dataloader``, ``predict_dataloader``).
         The training loader is made resumable first (the mixins' ``process_dataloader``, see
-        :class:`~xla_plugins.strategies._loader_position.ResumesLoaderPosition`), so the global
+        :class:`~trainer_plugins.long_runs._loader_position.ResumesLoaderPosition`), so the global
         batches join batches of the resumable loader.
         """
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Optional
 
-from xla_plugins._variables import seconds_from_environment
+from trainer_plugins._variables import seconds_from_environment
 from xla_plugins.strategies.launchers._failures import ReplicaHangError, _Channel
 
 #: Environment variable: seconds a replica may go without progress (a batch, an optimizer step, a

@@ -19,7 +19,8 @@ from lightning.pytorch.strategies.launchers.xla import _XLALauncher as _Lightnin
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from xla_plugins.strategies import _preemption, _stop_agreement, _stop_checkpoint
+from trainer_plugins.long_runs import _stop_checkpoint
+from xla_plugins.strategies import _preemption, _stop_agreement
 from xla_plugins.strategies.launchers._failures import run_replica
 from xla_plugins.strategies.launchers._supervisor import spawn_replicas
 from xla_plugins.strategies.launchers._watchdog import _then_progress

@@ -9,9 +9,9 @@ The writer puts the checkpoint under a temporary name (:func:`temporary_path`), 
   writing the commit marker ``<path>.commit`` holding its size in bytes (:func:`commit_remote`);
   a checkpoint counts as complete only with a marker matching its size (:func:`is_committed`).
 
-Nothing here is in Lightning, torch or torch_xla: Lightning's checkpoint IO plugins write in place,
+Nothing here is in Lightning or torch: Lightning's checkpoint IO plugins write in place,
 ``torch.distributed.checkpoint`` writes a directory's files in place (only its own ``.metadata``
-under a temporary name), and torch_xla's ``CheckpointManager`` never replaces a checkpoint (a new
+under a temporary name), and a backend's checkpoint manager may never replace a checkpoint (a new
 directory per step, a metadata file written last). The temporary names start with a dot and end
 in ``.tmp-<host>-<pid>-<id>`` (:func:`temporary_path`), so Lightning's search for ``last*.ckpt`` never
 takes one, and the writer can be told: :func:`remove_stale_temporaries` removes those that a writer

@@ -4,12 +4,12 @@ Lightning's fit loop saves the state of every training loader that has ``state_d
 ``load_state_dict`` (its stateful loader protocol, ``lightning.fabric.utilities.types._Stateful``)
 under ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``, and gives it back to
 the loader on a restart before iterating it (``_FitLoop.setup_data``; the same in Lightning 2.5 and
-2.6). The Trainer's XLA strategies give their training loader that protocol
+2.6). A backend's Trainer strategies give their training loader that protocol
 (:class:`ResumesLoaderPosition` wraps it in a :class:`ResumableLoader`), so a resumed fit trains the
 batches the run it continues had not trained, in the same order. In the file the positions stand
 under their own key, :data:`CHECKPOINT_KEY` (:func:`portable`), and ``combined_loader`` holds what
 plain Lightning writes there (the states of loaders that are stateful themselves): Lightning refuses
-a checkpoint with more loader states than its loaders have, so otherwise a checkpoint of an XLA run
+a checkpoint with more loader states than its loaders have, so otherwise a checkpoint of such a run
 would not resume on another accelerator. What a position holds:
 
 * **position**: the batches of the epoch that Lightning's loop has trained (its batch progress);
@@ -19,14 +19,15 @@ would not resume on another accelerator. What a position holds:
   (the device never sees them), so the workers' random streams and the iterable's order are those
   of the uninterrupted run. An iterable that is not a ``DataLoader`` may not yield the same batches
   again: that resume warns once (:class:`InexactResumeWarning`).
-* **order**: the host's random states (:mod:`xla_plugins.strategies._rng_states`) when the epoch's
+* **order**: the host's random states (:mod:`trainer_plugins.long_runs._rng_states`) when the epoch's
   iterator started (a ``RandomSampler`` and ``DataLoader`` draw their seeds from torch's
   generator then), set back before the iterator is made again; the sampler's epoch
   (``DistributedSampler`` shuffles by seed and epoch) is set before that too.
 * **what follows**: the host's random states at the checkpoint, set back before the first batch the
   checkpointed run had not fetched (and, for a loader without length, which Lightning fetches one
   batch ahead, the states before each batch fetched ahead, so those are fetched again as they were);
-  and the run's device seed (:mod:`xla_plugins.strategies._seed`).
+  and the run's device seed, where the strategy has one (its ``run_seed``: a backend whose device
+  generator is seeded per batch from it).
 
 Outside a resume from inside an epoch, ``iter()`` goes straight to the loader, so the host random
 numbers are drawn where plain Lightning draws them (over a ``CombinedLoader``, every loader's
@@ -42,8 +43,8 @@ the states are read from the checkpoint (:meth:`ResumesLoaderPosition.load_check
 states there set before the next epoch's iterator is made. In a ``CombinedLoader`` each loader's
 position is its position in its own pass (``max_size_cycle`` starts a shorter loader over within
 the epoch), with the host states before that pass's first batch (its sampler's seed: the other
-loaders' ``iter()`` came in between). A loader thread that fetches ahead of the loop (torch_xla's
-``MpDeviceLoader``) waits for the loop to start before its first batch.
+loaders' ``iter()`` came in between). A loader thread that fetches ahead of the loop (a backend's
+device loader) waits for the loop to start before its first batch.
 A loader that has ``state_dict``/``load_state_dict`` itself keeps its own position (it is given
 its state); the random states are still restored.
 """
@@ -60,7 +61,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.fabric.utilities.types import _Stateful
 from torch.utils.data import DataLoader, IterableDataset
 
-from xla_plugins.strategies._rng_states import host_states, restore_host_states
+from trainer_plugins.long_runs._rng_states import host_states, restore_host_states
 
 #: Version of the state a :class:`ResumableLoader` writes; a state of another version is refused with a warning.
 STATE_VERSION = 1
@@ -69,7 +70,9 @@ STATE_VERSION = 1
 LOOP_START_TIMEOUT_S = 600
 
 #: The checkpoint's top-level key for the training loaders' positions (Lightning leaves keys it does not know).
-CHECKPOINT_KEY = "xla_plugins_loader_positions"
+CHECKPOINT_KEY = "loader_positions"
+#: The key under which checkpoints written before the positions' code moved to the core hold them (still read).
+EARLIER_CHECKPOINT_KEYS = ("xla_plugins_loader_positions",)
 
 
 class InexactResumeWarning(UserWarning):
@@ -199,13 +202,13 @@ class ResumableLoader:
     """A fit's training loader, resumable at the batch where a checkpoint was taken (Lightning's stateful loader).
 
     Attributes it does not define (``dataset``, ``sampler``, ``batch_size``, ...) are the loader's, read
-    and set, as for :class:`~xla_plugins.strategies._batches.GlobalBatches`.
+    and set.
 
     Args:
         loader: the training loader (any iterable of batches; a ``DataLoader`` usually).
         trainer: the Trainer whose fit loop trains it (its progress gives the position).
-        seeds: the strategy whose ``run_seed`` seeds the device per batch
-            (:class:`~xla_plugins.strategies._seed.SeedsDeviceAtSetup`), kept with the position.
+        seeds: the strategy; its ``run_seed`` (where it has one: the seed its device generator is seeded
+            from per batch) is kept with the position.
         per_step: loader batches per training step (an SPMD strategy joins one per device).
         checkpoint_states: the fit loop's ``combined_loader`` list of the checkpoint the fit resumes, if any.
     """
@@ -287,7 +290,7 @@ class ResumableLoader:
     def wait_for_the_loop(self) -> None:
         """In a thread fetching ahead of the fit's loop, wait until the loop has decided its epoch.
 
-        torch_xla's ``MpDeviceLoader`` (the spawn strategy) fetches in a thread of its own from the
+        a backend's device loader (a thread fetching ahead) fetches in a thread of its own from the
         moment Lightning calls ``iter()``, which Lightning's fit loop does before its ``reset`` moves a
         resumed fit to its epoch. The loop's own thread never waits (Lightning fetches ahead there
         for a loader without length, before ``on_train_start``). Waits at most
@@ -353,7 +356,7 @@ class ResumableLoader:
                 "first_fetch_states": epoch.first_fetch_states if epoch is not None else None,
                 "before_fetch": before[len(before) - ahead :] if 0 < ahead <= len(before) else [],
                 "states": host_states(),
-                "run_seed": self.seeds.run_seed,
+                "run_seed": getattr(self.seeds, "run_seed", None),
             }
         if self.inner_stateful:
             state["loader"] = self.loader.state_dict()
@@ -371,7 +374,8 @@ class ResumableLoader:
         if state.get("version") != STATE_VERSION:
             self.warn(f"its position was written in another format (version {state.get('version')!r})")
             return
-        self.seeds.run_seed = state["run_seed"]
+        if state["run_seed"] is not None and hasattr(self.seeds, "run_seed"):
+            self.seeds.run_seed = state["run_seed"]
         if self.inner_stateful and "loader" in state:
             self.loader.load_state_dict(state["loader"])
         elif not state["complete"] and state["trained"] and not _map_style(self.loader):
@@ -425,13 +429,19 @@ def portable(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def resumable(checkpoint: Any) -> Any:
     """The inverse of :func:`portable`: the positions back in ``combined_loader``, each with its loader's state.
 
-    ``checkpoint`` (a loaded dict) is changed in place and returned; one without :data:`CHECKPOINT_KEY`
-    is returned as it is (a checkpoint of plain Lightning, or one whose positions never left).
+    ``checkpoint`` (a loaded dict) is changed in place and returned; positions under one of
+    :data:`EARLIER_CHECKPOINT_KEYS` are read as well. One without them is returned as it is (a
+    checkpoint of plain Lightning, or one whose positions never left).
 
     Raises:
         ValueError: the positions name more loader states than ``combined_loader`` holds.
     """
-    positions = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    key = (
+        next((k for k in (CHECKPOINT_KEY, *EARLIER_CHECKPOINT_KEYS) if k in checkpoint), CHECKPOINT_KEY)
+        if isinstance(checkpoint, dict)
+        else CHECKPOINT_KEY
+    )
+    positions = checkpoint.get(key) if isinstance(checkpoint, dict) else None
     states = _loader_states(checkpoint) if positions is not None else None
     if positions is None or states is None:
         return checkpoint
@@ -443,18 +453,17 @@ def resumable(checkpoint: Any) -> Any:
             state = next(inner, None)
             if state is None:
                 raise ValueError(
-                    f"The checkpoint's {CHECKPOINT_KEY!r} name more loader states than its combined_loader holds"
-                    f" ({len(states)})."
+                    f"The checkpoint's {key!r} name more loader states than its combined_loader holds ({len(states)})."
                 )
             position["loader"] = state
         restored.append(position)
     checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] = restored
-    del checkpoint[CHECKPOINT_KEY]
+    del checkpoint[key]
     return checkpoint
 
 
 class ResumesLoaderPosition:
-    """Mixin for the Trainer's XLA strategies: the fit's training loader is a :class:`ResumableLoader`.
+    """Mixin for a backend's Trainer strategies: the fit's training loader is a :class:`ResumableLoader`.
 
     The wrapper goes around the loader Lightning hands to ``process_dataloader`` (after Lightning's
     sampler injection), inside what the strategy makes of it (the SPMD strategies' global batches,
@@ -516,7 +525,7 @@ class ResumesLoaderPosition:
         resumable = ResumableLoader(dataloader, trainer, self, per_step, self._loader_states_to_load)
         self._waiting_loaders = [*(self._waiting_loaders or ()), resumable]
         processed = super().process_dataloader(resumable)  # type: ignore[misc]
-        if not isinstance(processed, _Stateful):  # torch_xla's MpDeviceLoader: Lightning reads these two names
+        if not isinstance(processed, _Stateful):  # a backend's device loader: Lightning reads these two names
             processed.state_dict = resumable.state_dict  # type: ignore[attr-defined]
             processed.load_state_dict = resumable.load_state_dict  # type: ignore[attr-defined]
         return processed

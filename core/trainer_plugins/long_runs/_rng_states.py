@@ -6,9 +6,10 @@ workers' base seed from it at ``iter()``, and a dataset's augmentation may draw 
 :func:`host_states` captures all three in plain values (a ``ByteTensor``, lists and numbers: a
 checkpoint holding them still loads with ``torch.load(..., weights_only=True)``) and
 :func:`restore_host_states` sets them back, as Lightning's ``isolate_rng`` does around the sanity
-check (``lightning.pytorch.utilities.seed``), but across processes. The device's generator is
-seeded per training batch instead (:mod:`xla_plugins.strategies._seed`): torch_xla advances it at
-every graph execution, so a saved value would not fit a resumed run that syncs at other points.
+check (``lightning.pytorch.utilities.seed``), but across processes. A device's generator is
+the backend's: a backend whose generator advances at points a resumed run does not repeat (a graph
+execution, say) seeds it per training batch instead, from the run's seed kept with the loader's
+position (:mod:`trainer_plugins.long_runs._loader_position`).
 """
 
 from __future__ import annotations

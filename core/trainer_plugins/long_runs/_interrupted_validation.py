@@ -8,7 +8,7 @@ counters say. Three cases go wrong as they stand:
   started batch completed, which Lightning's training epoch loop reads as "saved after the
   validation" (``RESTARTED_ON_LAST``): the resumed fit skips the rest of that validation (and,
   when the rerun has no validation, trains one batch more than the epoch has, 17 steps of 16
-  measured; :mod:`xla_plugins.strategies._loader_position` ends such an epoch instead).
+  measured; :mod:`trainer_plugins.long_runs._loader_position` ends such an epoch instead).
   :func:`checkpoint_of_a_stop` writes the validation as restarting from its first batch
   (``RESTARTED_MID_EVALUATION`` with nothing done), so the resumed fit runs that whole validation
   again, then continues training; its results and callbacks (``ModelCheckpoint(monitor=...)``,
@@ -52,7 +52,7 @@ def checkpoint_of_a_stop(checkpoint: dict[str, Any], trainer: Any) -> None:
 
 
 class CorrectsRestarts:
-    """Mixin for the Trainer's XLA strategies: a restarted validation's totals (see the module docstring)."""
+    """Mixin for a backend's Trainer strategies: a restarted validation's totals (see the module docstring)."""
 
     lightning_module: Any
 
