@@ -19,6 +19,17 @@ API = ">=1.2,<2"
 FAKE = "fake_accelerators:FakeAccelerator"
 
 
+@pytest.fixture(autouse=True)
+def _rank_zero_kept(monkeypatch):
+    """Lightning's DDP strategy sets the process-wide ``rank_zero_only.rank`` from the environment's rank (1 for
+    the outside launcher's worker below), which would silence every later rank-zero message in this process."""
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning.pytorch.utilities import rank_zero as trainer_rank_zero
+
+    for module in (fabric_rank_zero, trainer_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", module.rank_zero_only.rank)
+
+
 @pytest.fixture
 def launch_plugin(extra_plugins):
     """A plugin whose accelerator 'prestart_npu' needs two variables; returns the list of the hook's calls."""
