@@ -1,7 +1,7 @@
 """One Lightning script under every launcher: who starts the processes, their environment, ranks and shards.
 
-tests/scripts/launch_matrix.py (``Trainer(accelerator="tpu", devices="auto", strategy=TPU_DDP,
-num_nodes=N)`` on the TorchTPU stand-in device) runs under plain ``python``, ``torchrun`` (one host x 2,
+tests/scripts/launch_matrix.py (``Trainer(accelerator="tpu", devices="auto", strategy="ddp",
+num_nodes=N)`` on the TorchTPU stand-in device, the same text as on ``"cpu"``) runs under plain ``python``, ``torchrun`` (one host x 2,
 one host x 4, two "hosts" x 2 through a static rendezvous) and the variables of srun, a GKE TPU pod
 (``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated: the test starts each host's (or
 each task's) command itself. Each row of :data:`LAUNCHERS` says how a launcher starts the script and
@@ -37,8 +37,6 @@ from torch.utils.data import DataLoader, TensorDataset
 pytestmark = pytest.mark.torchtpu
 SCRIPT = str(Path(__file__).parent / "scripts" / "launch_matrix.py")
 GUIDE = Path(__file__).parent.parent / "docs" / "user-guide.md"
-#: The strategy the script names on accelerator="tpu" (Lightning's "ddp" once it means TorchTPU's DDP on "tpu").
-TPU_DDP = "ddp_torchtpu"
 TIMEOUT = 240  # seconds for one launch, all its processes together
 SAMPLES = 64  # the script's dataset
 #: Variables of any launcher, removed from the test's own environment before each launch.
@@ -172,11 +170,10 @@ def _launch(
     Returns:
         Every rank's record, by global rank, and the process id of each command the test started.
     """
-    strategy = TPU_DDP if accelerator == "tpu" else "ddp"
     base = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
     base.update(TORCHTPU_PLUGINS_DEVICE="cpu", GLOO_SOCKET_IFNAME="lo")
     output = tempfile.mkdtemp(prefix=f"launch-{name}-")
-    args = [SCRIPT, api, accelerator, devices, strategy, str(hosts), output]
+    args = [SCRIPT, api, accelerator, devices, str(hosts), output]
     processes: list[subprocess.Popen] = []
     try:
         for index, (argv, variables) in enumerate(LAUNCHERS[name].commands(hosts, per_host, _free_port())):
@@ -368,7 +365,7 @@ def test_an_existing_process_group_of_another_world_size_is_refused(existing_gro
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="world size 1 and this process as rank 0, but TorchElasticEnvironment"):
-        _fit(TPU_DDP)
+        _fit("ddp")
 
 
 WHO = {"lightning": "Lightning's launcher", "torchrun": "torchrun's agent", "scheduler": "the scheduler"}

@@ -1,15 +1,15 @@
 """One Lightning script and one Fabric loop trained by Ray Train's ``TorchTrainer`` (2 workers) on a local Ray.
 
-Usage: ``python torchtpu_ray_train.py OUTPUT_DIR TPU_STRATEGY``. The driver starts a local Ray on the
+Usage: ``python torchtpu_ray_train.py OUTPUT_DIR``. The driver starts a local Ray on the
 loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before this script imports ray), runs
 ``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` once and shuts Ray down. No
 ``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
 ``callbacks=[RayTrainReportCallback()]`` only. The stand-in device's variables reach the workers through
 Ray's ``runtime_env`` alone: the driver itself has no ``"tpu"`` device.
 
-Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``
-(``strategy="ddp"``), then with ``accelerator="tpu"`` (strategy TPU_STRATEGY), all in the same processes
-over the process group Ray made (one fit: Ray starts its workers once); the run's checkpoint is the
+Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``, then with
+``accelerator="tpu"``, both with Lightning's ``strategy="ddp"`` (on ``"tpu"`` torchtpu-plugins' DDP), all
+in the same processes over the process group Ray made (one fit: Ray starts its workers once); the run's checkpoint is the
 last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the
 losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
 ``_process_group_backend``, the backends of the default group and of the group DDP reduced over, the
@@ -86,13 +86,13 @@ def _describe(model: nn.Module, strategy: object, losses: list[float], devices: 
     }
 
 
-def _trainer_run(accelerator: str, strategy: str) -> dict:
+def _trainer_run(accelerator: str) -> dict:
     L.seed_everything(0, verbose=False)
     model = Regression()
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=2,
-        strategy=strategy,
+        strategy="ddp",
         max_epochs=1,
         plugins=[RayLightningEnvironment()],
         callbacks=[RayTrainReportCallback()],
@@ -120,8 +120,8 @@ def _trainer_run(accelerator: str, strategy: str) -> dict:
     return run
 
 
-def _fabric_run(accelerator: str, strategy: str) -> dict:
-    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy, plugins=[RayLightningEnvironment()])
+def _fabric_run(accelerator: str) -> dict:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="ddp", plugins=[RayLightningEnvironment()])
     fabric.launch()
     model, module, devices = torchtpu_lightning_ddp.fabric_fit(fabric)
     run = _describe(model, fabric.strategy, model.losses, devices, _ddp_backend(module._forward_module))
@@ -133,17 +133,17 @@ def _fabric_run(accelerator: str, strategy: str) -> dict:
 
 
 def train_func(config: dict) -> None:
-    for accelerator, strategy in (("cpu", "ddp"), ("tpu", config["tpu_strategy"])):
+    for accelerator in ("cpu", "tpu"):
         runs = {
             "env": {name: os.environ.get(name) for name in WORKER_ENV},
-            "trainer": _trainer_run(accelerator, strategy),
-            "fabric": _fabric_run(accelerator, strategy),
+            "trainer": _trainer_run(accelerator),
+            "fabric": _fabric_run(accelerator),
         }
         if ray.train.get_context().get_world_rank() == 0:
             torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
 
 
-def main(output: str, tpu_strategy: str) -> None:
+def main(output: str) -> None:
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # the workers' TMPDIR: RayTrainReportCallback leaves its checkpoint folders' parents in the temporary directory
     worker_tmp = os.path.join(output, "worker_tmp")
@@ -157,7 +157,7 @@ def main(output: str, tpu_strategy: str) -> None:
         }
         trainer = TorchTrainer(
             train_func,
-            train_loop_config={"tpu_strategy": tpu_strategy, "output": output},
+            train_loop_config={"output": output},
             scaling_config=ScalingConfig(num_workers=2),
             run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
         )
@@ -178,4 +178,4 @@ def main(output: str, tpu_strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1])
