@@ -1,6 +1,9 @@
 """One Lightning script and one Fabric loop trained by Ray Train's ``TorchTrainer`` (2 workers) on a local Ray.
 
-Usage: ``python torchtpu_ray_train.py OUTPUT_DIR``. The driver starts a local Ray on the
+Usage: ``python torchtpu_ray_train.py OUTPUT_DIR``, or ``python torchtpu_ray_train.py --num_workers=N SCRIPT
+ARGS... OUTPUT_DIR`` for the launch matrix (tests/test_torchtpu_launch_matrix.py): Ray's N workers run
+``SCRIPT``'s ``main(ARGS + [OUTPUT_DIR], plugins=[RayLightningEnvironment()])``, as torchrun runs a script
+(the script's files go to OUTPUT_DIR, which is also where Ray's results go). The driver starts a local Ray on the
 loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before this script imports ray), runs
 ``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` once and shuts Ray down. No
 ``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
@@ -23,9 +26,13 @@ and the driver's accelerator. Ray's session folder is removed after ``ray.shutdo
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 import ray
@@ -143,25 +150,45 @@ def train_func(config: dict) -> None:
             torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
 
 
-def main(output: str) -> None:
+@contextmanager
+def local_ray(output: str, num_workers: int) -> Iterator[None]:
+    """A local Ray on the loopback for ``num_workers`` stand-in workers; shut down, its session folder removed, after."""
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # the workers' TMPDIR: RayTrainReportCallback leaves its checkpoint folders' parents in the temporary directory
     worker_tmp = os.path.join(output, "worker_tmp")
     os.makedirs(worker_tmp)
-    env_vars = {**WORKER_ENV, "TMPDIR": worker_tmp}
+    env_vars = {**WORKER_ENV, "TORCHTPU_PLUGINS_DEVICE_COUNT": str(num_workers), "TMPDIR": worker_tmp}
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": env_vars})
     try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir)  # Ray's session folder: logs and sockets
+
+
+def fit(function: Callable[[dict], None], config: dict, output: str, num_workers: int) -> Any:
+    """Ray Train's ``TorchTrainer(function, ...)`` of ``num_workers`` workers, results under ``output``: its result."""
+    trainer = TorchTrainer(
+        function,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=num_workers),
+        run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
+    )
+    return trainer.fit()
+
+
+def script_func(config: dict) -> None:
+    """Run the script ``config["script"]``'s ``main(config["args"], plugins=[RayLightningEnvironment()])``."""
+    runpy.run_path(config["script"])["main"](config["args"], plugins=[RayLightningEnvironment()])
+
+
+def main(output: str) -> None:
+    with local_ray(output, 2):
         driver = {
             "accelerator": torch.accelerator.current_accelerator(),
             "node": ray.nodes()[0]["NodeManagerAddress"],
         }
-        trainer = TorchTrainer(
-            train_func,
-            train_loop_config={"output": output},
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
-        )
-        result = trainer.fit()
+        result = fit(train_func, {"output": output}, output, 2)
         with result.checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
             checkpoint = torch.load(path, weights_only=False)  # no map_location: the tensors are on the CPU
@@ -172,10 +199,13 @@ def main(output: str) -> None:
         driver["metrics"] = result.metrics
         driver["gcs_address"] = ray.get_runtime_context().gcs_address
         torch.save(driver, os.path.join(output, "driver.pt"))
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir)  # Ray's session folder: logs and sockets
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1].startswith("--num_workers="):  # a script of the launch matrix: Ray starts it, as torchrun would
+        workers, script, *args = sys.argv[1:]
+        output_dir = args[-1]
+        with local_ray(output_dir, int(workers.split("=")[1])):
+            fit(script_func, {"script": script, "args": args}, output_dir, int(workers.split("=")[1]))
+    else:
+        main(sys.argv[1])
