@@ -120,7 +120,7 @@ def fabric_main(accelerator: str, devices: str, num_nodes: int, output_dir: str,
 
 
 def main(args: list[str], plugins: Sequence[object] = ()) -> None:
-    """Run the script with its command-line arguments ``args``; ``plugins``: the launcher's (Ray Train's environment)."""
+    """Run the script with its command-line arguments ``args``; ``plugins``: the launcher's (Ray Train's)."""
     api, accelerator, devices, num_nodes, output_dir = args
     run = trainer_main if api == "trainer" else fabric_main
     run(accelerator, devices if devices == "auto" else int(devices), int(num_nodes), output_dir, list(plugins))

@@ -12,9 +12,9 @@ Ray's ``runtime_env`` alone: the driver itself has no ``"tpu"`` device.
 
 Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``, then with
 ``accelerator="tpu"``, both with Lightning's ``strategy="ddp"`` (on ``"tpu"`` torchtpu-plugins' DDP), all
-in the same processes over the process group Ray made (one fit: Ray starts its workers once); the run's checkpoint is the
-last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the
-losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
+in the same processes over the process group Ray made (one fit: Ray starts its workers once); the run's
+checkpoint is the last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``:
+per API the losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
 ``_process_group_backend``, the backends of the default group and of the group DDP reduced over, the
 device types seen during the fit, world size and ranks, a sum and a gather of each rank's number, and
 what ``ray.train.lightning.prepare_trainer`` said of the Trainer. The driver saves
@@ -152,7 +152,7 @@ def train_func(config: dict) -> None:
 
 @contextmanager
 def local_ray(output: str, num_workers: int) -> Iterator[None]:
-    """A local Ray on the loopback for ``num_workers`` stand-in workers; shut down, its session folder removed, after."""
+    """A local Ray on the loopback for ``num_workers`` stand-in workers; shut down after, its session folder removed."""
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # the workers' TMPDIR: RayTrainReportCallback leaves its checkpoint folders' parents in the temporary directory
     worker_tmp = os.path.join(output, "worker_tmp")
