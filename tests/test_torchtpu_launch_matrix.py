@@ -6,8 +6,8 @@ num_nodes=N)`` on the TorchTPU stand-in device, the same text as on ``"cpu"``) r
 Ray Train's ``TorchTrainer`` on a local Ray (where ray is installed: the torchtpu-ray cell) and the
 variables of srun, a GKE TPU pod (``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated:
 the test starts each host's (or each task's) command itself. Each row of :data:`LAUNCHERS` says how a
-launcher starts the script and what every process must report; adding a launcher is one entry. Every address is 127.0.0.1 and gloo
-binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a timeout, and its whole
+launcher starts the script and what every process must report; adding a launcher is one entry. Every
+address is 127.0.0.1 and gloo binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a timeout, and its whole
 process group is killed when it overruns.
 
 The launch table of docs/user-guide.md is checked against :data:`LAUNCHERS`
