@@ -7,8 +7,8 @@ Ray Train's ``TorchTrainer`` on a local Ray (where ray is installed: the torchtp
 variables of srun, a GKE TPU pod (``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated:
 the test starts each host's (or each task's) command itself. Each row of :data:`LAUNCHERS` says how a
 launcher starts the script and what every process must report; adding a launcher is one entry. Every
-address is 127.0.0.1 and gloo binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a timeout, and its whole
-process group is killed when it overruns.
+address is 127.0.0.1 and gloo binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a
+timeout, and its whole process group is killed when it overruns.
 
 The launch table of docs/user-guide.md is checked against :data:`LAUNCHERS`
 (:func:`test_the_guides_launch_table_is_the_matrix`). The in-process tests at the end check the two
