@@ -1,13 +1,14 @@
 """One Lightning script under every launcher: who starts the processes, their environment, ranks and shards.
 
-tests/scripts/launch_matrix.py (``Trainer(accelerator="tpu", devices="auto", strategy=TPU_DDP,
-num_nodes=N)`` on the TorchTPU stand-in device) runs under plain ``python``, ``torchrun`` (one host x 2,
-one host x 4, two "hosts" x 2 through a static rendezvous) and the variables of srun, a GKE TPU pod
-(``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated: the test starts each host's (or
-each task's) command itself. Each row of :data:`LAUNCHERS` says how a launcher starts the script and
-what every process must report; adding a launcher is one entry. Every address is 127.0.0.1 and gloo
-binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a timeout, and its whole
-process group is killed when it overruns.
+tests/scripts/launch_matrix.py (``Trainer(accelerator="tpu", devices="auto", strategy="ddp",
+num_nodes=N)`` on the TorchTPU stand-in device, the same text as on ``"cpu"``) runs under plain
+``python``, ``torchrun`` (one host x 2, one host x 4, two "hosts" x 2 through a static rendezvous),
+Ray Train's ``TorchTrainer`` on a local Ray (where ray is installed: the torchtpu-ray cell) and the
+variables of srun, a GKE TPU pod (``TPU_WORKER_ID``/``TPU_WORKER_HOSTNAMES``) and SkyPilot, simulated:
+the test starts each host's (or each task's) command itself. Each row of :data:`LAUNCHERS` says how a
+launcher starts the script and what every process must report; adding a launcher is one entry. Every
+address is 127.0.0.1 and gloo binds the loopback (``GLOO_SOCKET_IFNAME=lo``); every command runs under a
+timeout, and its whole process group is killed when it overruns.
 
 The launch table of docs/user-guide.md is checked against :data:`LAUNCHERS`
 (:func:`test_the_guides_launch_table_is_the_matrix`). The in-process tests at the end check the two
@@ -26,6 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
 
 import lightning as L
@@ -36,9 +38,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 pytestmark = pytest.mark.torchtpu
 SCRIPT = str(Path(__file__).parent / "scripts" / "launch_matrix.py")
+RAY_DRIVER = str(Path(__file__).parent / "scripts" / "torchtpu_ray_train.py")
 GUIDE = Path(__file__).parent.parent / "docs" / "user-guide.md"
-#: The strategy the script names on accelerator="tpu" (Lightning's "ddp" once it means TorchTPU's DDP on "tpu").
-TPU_DDP = "ddp_torchtpu"
 TIMEOUT = 240  # seconds for one launch, all its processes together
 SAMPLES = 64  # the script's dataset
 #: Variables of any launcher, removed from the test's own environment before each launch.
@@ -66,6 +67,13 @@ def _python(hosts: int, per_host: int, port: str) -> list[Command]:
     """The script alone (one host): Lightning's launcher starts a process per device."""
     assert hosts == 1, "plain python has no way to tell a host its place"
     return [([sys.executable], {"TORCHTPU_PLUGINS_DEVICE_COUNT": str(per_host)})]
+
+
+def _ray(hosts: int, per_host: int, port: str) -> list[Command]:
+    """A Ray driver (tests/scripts/torchtpu_ray_train.py) on a local Ray: ``TorchTrainer`` of ``per_host`` workers."""
+    assert hosts == 1, "a local Ray is one node"
+    # before `import ray`: a local Ray then binds 127.0.0.1 only
+    return [([sys.executable, RAY_DRIVER, f"--num_workers={per_host}"], {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})]
 
 
 def _srun(hosts: int, per_host: int, port: str) -> list[Command]:
@@ -141,14 +149,18 @@ class Launcher:
         started_by: who starts the processes: ``"lightning"`` (Lightning's launcher: each host's other
             processes are children of its first, with ``LightningEnvironment``), ``"torchrun"``
             (torchrun's agent: one parent of a host's processes, none of them), ``"scheduler"`` (each
-            process its own command, as srun starts tasks).
+            process its own command, as srun starts tasks), ``"ray"`` (Ray's worker actors: neither
+            the command, the Ray driver, nor its children).
         hosts: the host counts the matrix runs it with.
+        backend: the default process group's backend (Ray Train makes a ``"gloo"`` one before the
+            script runs; DDP then reduces over a ``"tpu_dist"`` group beside it).
     """
 
     commands: Callable[[int, int, str], list[Command]]
     environment: str
     started_by: str
     hosts: tuple[int, ...]
+    backend: str = "tpu_dist"
 
 
 LAUNCHERS = {
@@ -157,6 +169,7 @@ LAUNCHERS = {
     "srun": Launcher(_srun, "SLURMEnvironment", "scheduler", (2,)),
     "gke": Launcher(_gke, "TPUVMEnvironment", "lightning", (2,)),
     "skypilot": Launcher(_skypilot, "SkyPilotEnvironment", "lightning", (2,)),
+    "ray": Launcher(_ray, "RayLightningEnvironment", "ray", (1,), "gloo"),
 }
 PER_HOST = 2
 #: The runs every launch of the same world size must equal: one host, no scheduler.
@@ -172,11 +185,10 @@ def _launch(
     Returns:
         Every rank's record, by global rank, and the process id of each command the test started.
     """
-    strategy = TPU_DDP if accelerator == "tpu" else "ddp"
     base = {key: value for key, value in os.environ.items() if not LAUNCHER_VARIABLES.fullmatch(key)}
     base.update(TORCHTPU_PLUGINS_DEVICE="cpu", GLOO_SOCKET_IFNAME="lo")
     output = tempfile.mkdtemp(prefix=f"launch-{name}-")
-    args = [SCRIPT, api, accelerator, devices, strategy, str(hosts), output]
+    args = [SCRIPT, api, accelerator, devices, str(hosts), output]
     processes: list[subprocess.Popen] = []
     try:
         for index, (argv, variables) in enumerate(LAUNCHERS[name].commands(hosts, per_host, _free_port())):
@@ -209,11 +221,25 @@ def _launch(
     return records, tuple(process.pid for process in processes)
 
 
-MATRIX = [(name, hosts) for name, launcher in LAUNCHERS.items() for hosts in launcher.hosts]
+#: Launchers whose Python package must be installed (their tox cell: torchtpu-ray).
+NEEDS = {"ray": "ray"}
+MATRIX = [
+    pytest.param(
+        name,
+        hosts,
+        id=f"{name}-{hosts}x{PER_HOST}",
+        marks=pytest.mark.skipif(
+            name in NEEDS and find_spec(NEEDS[name]) is None,
+            reason=f"{NEEDS.get(name)} is not installed (tox -e torchtpu-ray runs this case)",
+        ),
+    )
+    for name, launcher in LAUNCHERS.items()
+    for hosts in launcher.hosts
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "hosts"), MATRIX, ids=[f"{name}-{hosts}x{PER_HOST}" for name, hosts in MATRIX])
+@pytest.mark.parametrize(("name", "hosts"), MATRIX)
 def test_launch(name, hosts):
     launcher = LAUNCHERS[name]
     records, commands = _launch(name, hosts, PER_HOST)
@@ -222,7 +248,7 @@ def test_launch(name, hosts):
     assert {r["world_size"] for r in records} == {world}
     assert [r["local_rank"] for r in records] == [rank % PER_HOST for rank in range(world)]
     assert [r["node_rank"] for r in records] == [rank // PER_HOST for rank in range(world)]
-    assert {(r["strategy"], r["backend"]) for r in records} == {("TorchTPUDDPStrategy", "tpu_dist")}
+    assert {(r["strategy"], r["backend"]) for r in records} == {("TorchTPUDDPStrategy", launcher.backend)}
     assert {frozenset(r["devices"]) for r in records} == {frozenset({"tpu"})}
     # the environment, and who started each host's processes
     for host in range(hosts):
@@ -239,6 +265,8 @@ def test_launch(name, hosts):
         assert [r["ppid"] for r in records] == [commands[rank // PER_HOST] for rank in range(world)]
     if launcher.started_by == "scheduler":  # every process is a command of its own
         assert [r["pid"] for r in records] == list(commands)
+    if launcher.started_by == "ray":  # Ray's worker actors: not the driver, nor children of it
+        assert not {r[key] for r in records for key in ("pid", "ppid")} & set(commands)
     # the samplers' shards: disjoint, and together the dataset
     shards = [set(r["indices"]) for r in records]
     assert sum(len(shard) for shard in shards) == SAMPLES
@@ -368,10 +396,10 @@ def test_an_existing_process_group_of_another_world_size_is_refused(existing_gro
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="world size 1 and this process as rank 0, but TorchElasticEnvironment"):
-        _fit(TPU_DDP)
+        _fit("ddp")
 
 
-WHO = {"lightning": "Lightning's launcher", "torchrun": "torchrun's agent", "scheduler": "the scheduler"}
+WHO = {"lightning": "Lightning's launcher", "torchrun": "torchrun's agent", "scheduler": "the scheduler", "ray": "Ray"}
 
 
 def test_the_guides_launch_table_is_the_matrix():

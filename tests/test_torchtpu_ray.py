@@ -21,8 +21,6 @@ import torch
 pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "torchtpu_ray_train.py")
-#: The strategy name the script's accelerator="tpu" runs with (Lightning's "ddp" once it maps to TorchTPU's).
-TPU_STRATEGY = "ddp_torchtpu"
 #: Set in the driver's environment only: every process Ray starts inherits it (its command line may change).
 TOKEN_VARIABLE = "TORCHTPU_PLUGINS_RAY_TEST"
 
@@ -57,7 +55,7 @@ def runs(tmp_path_factory):  # type: ignore[no-untyped-def]
     env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", GLOO_SOCKET_IFNAME="lo", **{TOKEN_VARIABLE: token})
     temporary_before = _ray_temporary_files()
     result = subprocess.run(
-        [sys.executable, SCRIPT, output, TPU_STRATEGY],
+        [sys.executable, SCRIPT, output],
         env=env,
         cwd=output,
         capture_output=True,

@@ -1,10 +1,11 @@
 """One unchanged Lightning script, started by any launcher: each process records where it ran and what it trained.
 
-Usage: ``python launch_matrix.py API ACCELERATOR DEVICES STRATEGY NUM_NODES OUTPUT_DIR`` (or the same
+Usage: ``python launch_matrix.py API ACCELERATOR DEVICES NUM_NODES OUTPUT_DIR`` (or the same
 under ``torchrun``, srun-like variables, a TPU VM's or SkyPilot's variables). API ``trainer`` (a
 LightningModule under ``Trainer.fit``) or ``fabric`` (the same steps in a Fabric loop), with
-``accelerator=ACCELERATOR``, ``devices=DEVICES`` (``auto`` or a count), ``strategy=STRATEGY`` and
-``num_nodes=NUM_NODES`` as a user writes them: the launcher decides how many processes there are and
+``accelerator=ACCELERATOR``, ``devices=DEVICES`` (``auto`` or a count), Lightning's ``strategy="ddp"``
+(on ``"tpu"`` torchtpu-plugins' DDP) and ``num_nodes=NUM_NODES`` as a user writes them: the script text is
+the same on ``"cpu"`` and ``"tpu"``, and the launcher decides how many processes there are and
 which rank each has. (Lightning's CPU accelerator takes ``devices="auto"`` as 1 process per host under
 any launcher, so a CPU reference run names its count.)
 
@@ -12,13 +13,15 @@ Every process writes ``OUTPUT_DIR/rank-<global rank>.pt``: the cluster environme
 it says the processes were created outside Lightning, world size, global, local and node rank, the
 sample indices of its batches (its sampler's shard), its per-step losses, the final parameters (CPU
 copies), the device types of the parameters during the fit, the process-group backend, and this
-process's and its parent's ids.
+process's and its parent's ids. Under Ray Train the driver (torchtpu_ray_train.py) calls :func:`main` in
+each worker with ``plugins=[RayLightningEnvironment()]``, as Ray's guide has the script name it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 import lightning as L
 import torch
@@ -81,14 +84,15 @@ def _record(output_dir: str, model: Regression, strategy: object, global_rank: i
     torch.save(record, os.path.join(output_dir, f"rank-{global_rank}.pt"))
 
 
-def trainer_main(accelerator: str, devices: str, strategy: str, num_nodes: int, output_dir: str) -> None:
+def trainer_main(accelerator: str, devices: str, num_nodes: int, output_dir: str, plugins: list) -> None:
     L.seed_everything(0, verbose=False)
     model = Regression()
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=devices,
-        strategy=strategy,
+        strategy="ddp",
         num_nodes=num_nodes,
+        plugins=plugins,
         max_epochs=1,
         logger=False,
         enable_checkpointing=False,
@@ -99,8 +103,8 @@ def trainer_main(accelerator: str, devices: str, strategy: str, num_nodes: int, 
     _record(output_dir, model, trainer.strategy, trainer.global_rank, trainer.world_size)
 
 
-def fabric_main(accelerator: str, devices: str, strategy: str, num_nodes: int, output_dir: str) -> None:
-    fabric = L.Fabric(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes)
+def fabric_main(accelerator: str, devices: str, num_nodes: int, output_dir: str, plugins: list) -> None:
+    fabric = L.Fabric(accelerator=accelerator, devices=devices, strategy="ddp", num_nodes=num_nodes, plugins=plugins)
     fabric.launch()
     fabric.seed_everything(0, verbose=False)
     model = Regression()
@@ -115,7 +119,12 @@ def fabric_main(accelerator: str, devices: str, strategy: str, num_nodes: int, o
     _record(output_dir, model, fabric.strategy, fabric.global_rank, fabric.world_size)
 
 
+def main(args: list[str], plugins: Sequence[object] = ()) -> None:
+    """Run the script with its command-line arguments ``args``; ``plugins``: the launcher's (Ray Train's)."""
+    api, accelerator, devices, num_nodes, output_dir = args
+    run = trainer_main if api == "trainer" else fabric_main
+    run(accelerator, devices if devices == "auto" else int(devices), int(num_nodes), output_dir, list(plugins))
+
+
 if __name__ == "__main__":
-    api, accelerator, devices, strategy, num_nodes, output_dir = sys.argv[1:]
-    main = trainer_main if api == "trainer" else fabric_main
-    main(accelerator, devices if devices == "auto" else int(devices), strategy, int(num_nodes), output_dir)
+    main(sys.argv[1:])

@@ -1,17 +1,20 @@
 """One Lightning script and one Fabric loop trained by Ray Train's ``TorchTrainer`` (2 workers) on a local Ray.
 
-Usage: ``python torchtpu_ray_train.py OUTPUT_DIR TPU_STRATEGY``. The driver starts a local Ray on the
+Usage: ``python torchtpu_ray_train.py OUTPUT_DIR``, or ``python torchtpu_ray_train.py --num_workers=N SCRIPT
+ARGS... OUTPUT_DIR`` for the launch matrix (tests/test_torchtpu_launch_matrix.py): Ray's N workers run
+``SCRIPT``'s ``main(ARGS + [OUTPUT_DIR], plugins=[RayLightningEnvironment()])``, as torchrun runs a script
+(the script's files go to OUTPUT_DIR, which is also where Ray's results go). The driver starts a local Ray on the
 loopback (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before this script imports ray), runs
 ``TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))`` once and shuts Ray down. No
 ``prepare_trainer``: the Trainer gets ``plugins=[RayLightningEnvironment()]`` and
 ``callbacks=[RayTrainReportCallback()]`` only. The stand-in device's variables reach the workers through
 Ray's ``runtime_env`` alone: the driver itself has no ``"tpu"`` device.
 
-Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``
-(``strategy="ddp"``), then with ``accelerator="tpu"`` (strategy TPU_STRATEGY), all in the same processes
-over the process group Ray made (one fit: Ray starts its workers once); the run's checkpoint is the
-last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``: per API the
-losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
+Each worker trains the Trainer script, then the Fabric loop, first with ``accelerator="cpu"``, then with
+``accelerator="tpu"``, both with Lightning's ``strategy="ddp"`` (on ``"tpu"`` torchtpu-plugins' DDP), all
+in the same processes over the process group Ray made (one fit: Ray starts its workers once); the run's
+checkpoint is the last one reported, the ``"tpu"`` Trainer's. Rank 0 saves ``OUTPUT_DIR/{accelerator}.pt``:
+per API the losses of rank 0's batches, the final state (CPU tensors), the strategy's class and
 ``_process_group_backend``, the backends of the default group and of the group DDP reduced over, the
 device types seen during the fit, world size and ranks, a sum and a gather of each rank's number, and
 what ``ray.train.lightning.prepare_trainer`` said of the Trainer. The driver saves
@@ -23,9 +26,13 @@ and the driver's accelerator. Ray's session folder is removed after ``ray.shutdo
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import lightning as L
 import ray
@@ -86,13 +93,13 @@ def _describe(model: nn.Module, strategy: object, losses: list[float], devices: 
     }
 
 
-def _trainer_run(accelerator: str, strategy: str) -> dict:
+def _trainer_run(accelerator: str) -> dict:
     L.seed_everything(0, verbose=False)
     model = Regression()
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=2,
-        strategy=strategy,
+        strategy="ddp",
         max_epochs=1,
         plugins=[RayLightningEnvironment()],
         callbacks=[RayTrainReportCallback()],
@@ -120,8 +127,8 @@ def _trainer_run(accelerator: str, strategy: str) -> dict:
     return run
 
 
-def _fabric_run(accelerator: str, strategy: str) -> dict:
-    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy=strategy, plugins=[RayLightningEnvironment()])
+def _fabric_run(accelerator: str) -> dict:
+    fabric = L.Fabric(accelerator=accelerator, devices=2, strategy="ddp", plugins=[RayLightningEnvironment()])
     fabric.launch()
     model, module, devices = torchtpu_lightning_ddp.fabric_fit(fabric)
     run = _describe(model, fabric.strategy, model.losses, devices, _ddp_backend(module._forward_module))
@@ -133,35 +140,55 @@ def _fabric_run(accelerator: str, strategy: str) -> dict:
 
 
 def train_func(config: dict) -> None:
-    for accelerator, strategy in (("cpu", "ddp"), ("tpu", config["tpu_strategy"])):
+    for accelerator in ("cpu", "tpu"):
         runs = {
             "env": {name: os.environ.get(name) for name in WORKER_ENV},
-            "trainer": _trainer_run(accelerator, strategy),
-            "fabric": _fabric_run(accelerator, strategy),
+            "trainer": _trainer_run(accelerator),
+            "fabric": _fabric_run(accelerator),
         }
         if ray.train.get_context().get_world_rank() == 0:
             torch.save(runs, os.path.join(config["output"], f"{accelerator}.pt"))
 
 
-def main(output: str, tpu_strategy: str) -> None:
+@contextmanager
+def local_ray(output: str, num_workers: int) -> Iterator[None]:
+    """A local Ray on the loopback for ``num_workers`` stand-in workers; shut down after, its session folder removed."""
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # the workers' TMPDIR: RayTrainReportCallback leaves its checkpoint folders' parents in the temporary directory
     worker_tmp = os.path.join(output, "worker_tmp")
     os.makedirs(worker_tmp)
-    env_vars = {**WORKER_ENV, "TMPDIR": worker_tmp}
+    env_vars = {**WORKER_ENV, "TORCHTPU_PLUGINS_DEVICE_COUNT": str(num_workers), "TMPDIR": worker_tmp}
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp_dir, runtime_env={"env_vars": env_vars})
     try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir)  # Ray's session folder: logs and sockets
+
+
+def fit(function: Callable[[dict], None], config: dict, output: str, num_workers: int) -> Any:
+    """Ray Train's ``TorchTrainer(function, ...)`` of ``num_workers`` workers, results under ``output``: its result."""
+    trainer = TorchTrainer(
+        function,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=num_workers),
+        run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
+    )
+    return trainer.fit()
+
+
+def script_func(config: dict) -> None:
+    """Run the script ``config["script"]``'s ``main(config["args"], plugins=[RayLightningEnvironment()])``."""
+    runpy.run_path(config["script"])["main"](config["args"], plugins=[RayLightningEnvironment()])
+
+
+def main(output: str) -> None:
+    with local_ray(output, 2):
         driver = {
             "accelerator": torch.accelerator.current_accelerator(),
             "node": ray.nodes()[0]["NodeManagerAddress"],
         }
-        trainer = TorchTrainer(
-            train_func,
-            train_loop_config={"tpu_strategy": tpu_strategy, "output": output},
-            scaling_config=ScalingConfig(num_workers=2),
-            run_config=RunConfig(name="fit", storage_path=os.path.join(output, "ray_results")),
-        )
-        result = trainer.fit()
+        result = fit(train_func, {"output": output}, output, 2)
         with result.checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
             checkpoint = torch.load(path, weights_only=False)  # no map_location: the tensors are on the CPU
@@ -172,10 +199,13 @@ def main(output: str, tpu_strategy: str) -> None:
         driver["metrics"] = result.metrics
         driver["gcs_address"] = ray.get_runtime_context().gcs_address
         torch.save(driver, os.path.join(output, "driver.pt"))
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir)  # Ray's session folder: logs and sockets
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1].startswith("--num_workers="):  # a script of the launch matrix: Ray starts it, as torchrun would
+        workers, script, *args = sys.argv[1:]
+        output_dir = args[-1]
+        with local_ray(output_dir, int(workers.split("=")[1])):
+            fit(script_func, {"script": script, "args": args}, output_dir, int(workers.split("=")[1]))
+    else:
+        main(sys.argv[1])

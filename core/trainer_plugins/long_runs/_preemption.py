@@ -171,7 +171,7 @@ class SavesCheckpointOnStop:
 
         A collective: every process calls it at the start of every training batch. By default one
         all-reduce (maximum) of an ``int64`` tensor on the strategy's ``root_device`` over
-        ``torch.distributed``'s default group.
+        :meth:`_stop_agreement_group` (``torch.distributed``'s default group unless a backend says otherwise).
 
         Args:
             signum: the signal this process received, or ``None``.
@@ -180,8 +180,16 @@ class SavesCheckpointOnStop:
         import torch.distributed as dist
 
         value = torch.tensor([int(signum or 0)], dtype=torch.int64, device=self.root_device)  # type: ignore[attr-defined]
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._stop_agreement_group())
         return int(value.item()) or None
+
+    def _stop_agreement_group(self) -> Optional[Any]:
+        """The process group of :meth:`_agreed_stop_signal`: ``None`` (the default group) unless a backend overrides it.
+
+        A backend whose default group may lack a backend for its device (a group a launcher made, e.g.
+        Ray Train's ``"gloo"``) returns a group of the same ranks that has one.
+        """
+        return None
 
     def _stops_in_replicas(self) -> bool:
         """Whether this Trainer runs in a replica that takes no signal and stops at an agreed batch (default: no).

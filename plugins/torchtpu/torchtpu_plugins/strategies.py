@@ -222,6 +222,11 @@ class TorchTPUDDPStrategy(  # type: ignore[misc]
     ) -> Any:
         return super().reduce(tensor, self._group_for(group), reduce_op)
 
+    @override
+    def _stop_agreement_group(self) -> Optional[Any]:
+        """The ``"tpu_dist"`` group beside a launcher's group without a ``"tpu"`` backend (Ray Train's ``"gloo"``)."""
+        return self._group_for(None)
+
 
 class FabricTorchTPUDDPStrategy(_TPUGroup, FabricDDPStrategy):
     """Fabric's ``DDPStrategy`` on TorchTPU: the bound ``"tpu"`` device, no ``device_ids``, ``"tpu_dist"``.
