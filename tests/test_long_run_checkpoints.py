@@ -114,3 +114,39 @@ def test_a_write_that_fails_leaves_the_earlier_checkpoint_and_no_temporary_file(
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.ckpt"]
     assert _commits.is_committed(path)
+
+
+def test_under_an_engine_that_reads_each_save_a_save_inside_a_loop_waits_for_its_write():
+    # Ray Train's report callback hands the checkpoint's folder to ray.train.report right after the save
+    # (tests/test_torchtpu_ray.py runs it for real); Ray is not installed here, so an environment class
+    # of the same package stands in for RayLightningEnvironment
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    from trainer_plugins.long_runs._background_checkpoints import WritesCheckpointsInBackground, engine_reads_each_save
+
+    class RayLikeEnvironment(LightningEnvironment):
+        pass
+
+    RayLikeEnvironment.__module__ = "ray.train.lightning._lightning_utils"
+    assert engine_reads_each_save(RayLikeEnvironment())
+    assert not engine_reads_each_save(LightningEnvironment())
+    assert not engine_reads_each_save(None)
+
+    class Strategy(WritesCheckpointsInBackground):
+        def __init__(self, environment):
+            self.cluster_environment = environment
+            self.lightning_module = SimpleNamespace(
+                _trainer=SimpleNamespace(state=SimpleNamespace(status=TrainerStatus.RUNNING))
+            )
+            self.waits = 0
+
+        def wait_for_checkpoint_writes(self):
+            self.waits += 1
+
+    for environment, waits in ((RayLikeEnvironment(), 1), (LightningEnvironment(), 0), (None, 0)):
+        strategy = Strategy(environment)
+        strategy._wait_unless_a_loop_runs()
+        assert strategy.waits == waits, type(environment).__name__

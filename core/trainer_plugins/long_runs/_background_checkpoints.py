@@ -68,6 +68,9 @@ class WritesCheckpointsInBackground(_BackgroundWritesByDefault):
     used on its own) waits for its write: nothing runs meanwhile, and the caller may read the file
     next. A save inside a loop returns after the copy to the host; Lightning tears the checkpoint IO
     down at the end of ``fit``/``validate``/``test``/``predict``, which waits for the last write.
+    Under an engine that reads every checkpoint as soon as it is saved (Ray Train: its
+    ``RayTrainReportCallback`` saves into a folder and hands the folder to ``ray.train.report`` on the
+    next line), every save waits (:func:`engine_reads_each_save`).
     """
 
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
@@ -77,8 +80,27 @@ class WritesCheckpointsInBackground(_BackgroundWritesByDefault):
     def _wait_unless_a_loop_runs(self) -> None:
         module = getattr(self, "lightning_module", None)
         trainer = getattr(module, "_trainer", None)
-        if trainer is None or trainer.state.status != TrainerStatus.RUNNING:
+        if (
+            trainer is None
+            or trainer.state.status != TrainerStatus.RUNNING
+            or engine_reads_each_save(getattr(self, "cluster_environment", None))
+        ):
             self.wait_for_checkpoint_writes()
+
+
+#: Packages whose cluster environments belong to engines that read each checkpoint right after the save.
+ENGINES_READING_EACH_SAVE = ("ray.train",)
+
+
+def engine_reads_each_save(environment: Optional[Any]) -> bool:
+    """Whether ``environment`` (a Lightning cluster environment, or ``None``) is an engine's that reads each save.
+
+    Ray Train's ``RayLightningEnvironment`` (package ``ray.train``): its report callback passes the
+    checkpoint's folder to ``ray.train.report``, which copies it at once. Told by the class's module,
+    so that nothing imports Ray.
+    """
+    module = type(environment).__module__ if environment is not None else ""
+    return any(module == package or module.startswith(package + ".") for package in ENGINES_READING_EACH_SAVE)
 
 
 class FabricWritesCheckpointsInBackground(_BackgroundWritesByDefault):
