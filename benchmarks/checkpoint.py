@@ -15,7 +15,7 @@ the benchmark waits until the device has finished the step just dispatched
   for them; on TPU the steps run on the chip (not verified on TPU).
 
 Four arms: ``background`` (the default,
-:class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO` with ``copy="auto"``: on PJRT CPU
+:class:`~xla_plugins.checkpoints.checkpoint_io.BackgroundXLACheckpointIO` with ``copy="auto"``: on PJRT CPU
 always a copy on the device, moved to the host by the writer thread), ``host-copy``
 (``XLA_PLUGINS_CHECKPOINT_WRITES=host-copy``: the copy to the host on the training thread, the
 default before 3 December 2026), ``sync`` (``XLA_PLUGINS_CHECKPOINT_WRITES=sync``: the same atomic
@@ -88,7 +88,7 @@ def child(width: int, saves: int, every: int) -> dict:
 
     import torch_xla.core.xla_model as xm
 
-    from xla_plugins.checkpoint_io import BackgroundXLACheckpointIO
+    from xla_plugins.checkpoints.checkpoint_io import BackgroundXLACheckpointIO
 
     calls: list[float] = []
     copies: list[float] = [0.0]

@@ -2,7 +2,7 @@
 
 No pod is needed to test the plugin's world model, its per-host data shares, the strategies' rank
 properties and what ``trainer-plugins doctor`` prints on a slice. The plugin reads the runtime's
-process and device figures through one adapter, ``xla_plugins._runtime.runtime_figures()``;
+process and device figures through one adapter, ``xla_plugins.runtime._probes.runtime_figures()``;
 ``xla_plugins.testing.simulated_runtime(source)`` makes it answer ``source()`` instead. This
 module builds those answers for a slice of ``hosts x devices_per_host`` chips, numbered as
 torch_xla numbers a TPU slice:
@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xla_plugins._world import RuntimeFigures
+from xla_plugins.runtime._world import RuntimeFigures
 from xla_plugins.testing import simulated_runtime
 
 #: How ``xmp.spawn`` lays processes out: one per chip (TPU) or one per host with a thread per device (CPU).

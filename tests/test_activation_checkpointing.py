@@ -2,7 +2,7 @@
 
 torch looks up ``torch.xla`` to save and restore the random state of the block's device; torch_xla
 2.9 registers none (``AttributeError: module 'torch' has no attribute 'xla'``). The accelerator
-registers :mod:`xla_plugins.device_module` at setup. The model's checkpointed block has a dropout,
+registers :mod:`xla_plugins.runtime.device_module` at setup. The model's checkpointed block has a dropout,
 so the recomputed block equals the first one only if the XLA random state is restored: with it,
 the weights after training are equal (measured: exactly, on every strategy), without it they
 differ by about 0.2 (measured 0.226). ``single_xla`` runs in this process; ``xla`` (spawn, tests/xla_cpu_harness.py),
@@ -55,7 +55,7 @@ def test_torch_utils_checkpoint_with_dropout_trains_the_same_weights_on_single_x
 def test_the_device_module_is_torch_xla_and_restores_the_random_draws_of_a_device():
     import torch_xla
 
-    from xla_plugins import device_module
+    from xla_plugins.runtime import device_module
 
     device_module.register()
     device_module.register()  # a second accelerator's setup: no error
@@ -76,7 +76,7 @@ def test_the_device_module_is_torch_xla_and_restores_the_random_draws_of_a_devic
 
 
 def test_the_device_module_rejects_other_devices_and_states_naming_the_valid_ones():
-    from xla_plugins import device_module
+    from xla_plugins.runtime import device_module
 
     with pytest.raises(ValueError, match=r"Expected an XLA device .* got 'cpu'"):
         device_module.get_rng_state("cpu")

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from linear_regression import Regression, data  # noqa: E402
 
-from xla_plugins.checkpoint_io import (  # noqa: E402
+from xla_plugins.checkpoints.checkpoint_io import (  # noqa: E402
     WRITES_VARIABLE,
     AtomicXLACheckpointIO,
     BackgroundXLACheckpointIO,
@@ -215,7 +215,7 @@ def test_at_most_one_write_is_in_flight_a_second_save_waits_for_the_first(tmp_pa
 @pytest.fixture
 def transfers(monkeypatch) -> list[str]:
     """Which thread made each transfer of XLA tensors to the host (torch_xla's one-transfer copy), in order."""
-    from xla_plugins import _torch_xla_contract
+    from xla_plugins.runtime import _torch_xla_contract
 
     made: list[str] = []
     convert = _torch_xla_contract.convert_to_cpu
@@ -262,7 +262,7 @@ def test_device_copy_fits_next_to_the_peak_up_to_the_share_with_mocked_tpu_memor
     import torch_xla
     import torch_xla.core.xla_model as xm
 
-    from xla_plugins._state_copies import DEVICE_COPY_MEMORY_SHARE, device_copy_fits
+    from xla_plugins.checkpoints._state_copies import DEVICE_COPY_MEMORY_SHARE, device_copy_fits
 
     checkpoint = {"state_dict": {"w": torch.zeros(250, device=torch_xla.device())}, "step": torch.zeros(1000)}
     assert device_copy_fits(checkpoint)  # PJRT CPU: the device's memory is the host's
@@ -334,7 +334,7 @@ _KILLED_MID_WRITE = """
 import io, os, sys, threading
 import torch, lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
-from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
+from xla_plugins.checkpoints.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
 from linear_regression import Regression, data
 from test_async_checkpoints import trainer
 

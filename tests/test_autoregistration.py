@@ -25,10 +25,10 @@ print(json.dumps({name: names(L.Trainer(accelerator=name, devices=1, precision="
 """
 
 OURS = [
-    "xla_plugins.accelerator.XLAAccelerator",
+    "xla_plugins.roles.accelerator.XLAAccelerator",
     "xla_plugins.strategies.single_xla.SingleDeviceXLAStrategy",
-    "xla_plugins.precision.XLAPrecision",
-    "xla_plugins.environment.XLAEnvironment",
+    "xla_plugins.roles.precision.XLAPrecision",
+    "xla_plugins.roles.environment.XLAEnvironment",
 ]
 
 
@@ -63,7 +63,7 @@ def test_with_autoload_off_lightning_is_untouched_until_install_is_called():
     assert "connector: lightning.pytorch.trainer.connectors.accelerator_connector" in lines
     assert "xla rejected: True" in lines
     assert "tpu: MisconfigurationException True" in lines
-    assert "after install: xla_plugins.accelerator" in lines
+    assert "after install: xla_plugins.roles.accelerator" in lines
 
 
 def _startup_lines(caplog, level=logging.INFO, **flags):

@@ -51,7 +51,7 @@ def test_an_xla_checkpoint_records_the_xla_plugin_and_its_version(tmp_path):
     decisions = {row["role"]: row for row in record["decisions"]}
     label = f"xla (xla-plugins {version('xla-plugins')})"
     assert {decisions[role]["plugin"] for role in ("accelerator", "strategy", "precision", "environment")} == {label}
-    assert decisions["precision"]["choice"] == "xla (xla_plugins.precision.XLAPrecision)"
+    assert decisions["precision"]["choice"] == "xla (xla_plugins.roles.precision.XLAPrecision)"
 
 
 class CountsCallbackHooks(L.Callback):

@@ -1,4 +1,4 @@
-"""torch_xla's persistent compilation cache as the setting XLA_PLUGINS_COMPILE_CACHE (xla_plugins.compile_cache).
+"""torch_xla's persistent compilation cache as the setting XLA_PLUGINS_COMPILE_CACHE (compilation.compile_cache).
 
 On PJRT CPU torch_xla writes executables but cannot read them back, so the plugin does not turn the cache on
 there (one warning). With the test switch it does, and two runs in a row show what the plugin then reports:
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from xla_plugins import compile_cache
+from xla_plugins.compilation import compile_cache
 
 pytestmark = pytest.mark.xla
 
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     import json, sys, warnings
     import torch, lightning as L
     from lightning.pytorch.demos.boring_classes import BoringModel
-    from xla_plugins import compile_cache
+    from xla_plugins.compilation import compile_cache
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

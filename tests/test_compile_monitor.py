@@ -1,4 +1,4 @@
-"""The compile monitor (xla_plugins.compile_monitor): late compilations and host reads reported once per
+"""The compile monitor (xla_plugins.compilation.compile_monitor): late compilations and host reads reported once per
 cause, naming the hook and the user's line; the budget; the summary equal to torch_xla's own counters.
 
 Each fit runs tests/scripts/compile_monitor_fit.py (or, for a clean default script,
@@ -205,7 +205,7 @@ def test_a_bad_budget_is_a_value_error_naming_the_value_and_the_choices(tmp_path
 
 
 def test_a_bad_strategy_argument_is_a_value_error_naming_the_value_and_the_choices():
-    from xla_plugins.recompile_budget import check_budget
+    from xla_plugins.compilation.recompile_budget import check_budget
 
     with pytest.raises(
         ValueError, match=r"^recompiles='loud' is not a compile budget; choose one of warn, error, off\.$"
@@ -271,8 +271,8 @@ def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_rep
     # thread's compilation of its own graph
     from types import SimpleNamespace
 
-    from xla_plugins._world import RuntimeFigures
-    from xla_plugins.compile_monitor import CompileMonitor
+    from xla_plugins.compilation.compile_monitor import CompileMonitor
+    from xla_plugins.runtime._world import RuntimeFigures
     from xla_plugins.testing import simulated_runtime
 
     class Module:  # the user's validation_step, which built the graph
@@ -306,8 +306,8 @@ def test_stand_in_counter_a_compilation_past_the_warm_up_with_seen_shapes_is_rep
 
 
 def test_replica_threads_are_the_ranks_a_process_holds():
-    from xla_plugins._world import RuntimeFigures
-    from xla_plugins.compile_monitor import replica_threads
+    from xla_plugins.compilation.compile_monitor import replica_threads
+    from xla_plugins.runtime._world import RuntimeFigures
     from xla_plugins.testing import simulated_runtime
 
     def figures(processes: int, devices_each: int) -> RuntimeFigures:
@@ -330,7 +330,7 @@ def test_each_of_fit_validate_test_and_predict_ends_with_a_summary_on_request_an
         """
         import os, torch, lightning as L
         from lightning.pytorch.demos.boring_classes import BoringModel
-        from xla_plugins.compile_monitor import CompileMonitor
+        from xla_plugins.compilation.compile_monitor import CompileMonitor
 
         class Model(BoringModel):
             def test_step(self, batch, batch_idx):
@@ -380,7 +380,7 @@ def stand_in_trainer(world_size: int = 1, num_val_batches: tuple = (3,)) -> obje
 
 def stand_in_monitor(trainer: object) -> tuple:
     """A monitor of ``trainer``'s run whose compile counter is a list the test moves (``counter[0] += 1``)."""
-    from xla_plugins.compile_monitor import CompileMonitor
+    from xla_plugins.compilation.compile_monitor import CompileMonitor
 
     monitor = CompileMonitor("warn")
     monitor._start_run(trainer)
@@ -409,7 +409,7 @@ def validation_runs(monitor, counter, trainer, sizes: list, compile_at_end: bool
 def test_stand_in_counter_an_evaluation_loaders_smaller_last_batch_is_expected_but_not_a_smaller_middle_one():
     import warnings
 
-    from xla_plugins.recompile_budget import LateCompilationWarning
+    from xla_plugins.compilation.recompile_budget import LateCompilationWarning
 
     trainer = stand_in_trainer(num_val_batches=(3,))
     monitor, counter = stand_in_monitor(trainer)
@@ -432,7 +432,7 @@ def test_stand_in_counter_each_cause_is_warned_once_per_trainer_located_at_the_u
     import sys
     import warnings
 
-    from xla_plugins.recompile_budget import LateCompilationWarning
+    from xla_plugins.compilation.recompile_budget import LateCompilationWarning
 
     trainer = stand_in_trainer()
     monitor, counter = stand_in_monitor(trainer)
@@ -463,7 +463,7 @@ def test_a_warning_located_in_the_main_module_of_python_c_is_issued(monkeypatch)
     import types
     import warnings
 
-    from xla_plugins.host_reads import SourceLine, warn_at
+    from xla_plugins.compilation.host_reads import SourceLine, warn_at
 
     main = types.ModuleType("fake_c_main")
     main.__loader__ = importlib.machinery.BuiltinImporter

@@ -59,7 +59,7 @@ def test_the_backend_of_a_compiled_module_is_read_from_lightnings_compiler_conte
     from lightning.pytorch.demos.boring_classes import BoringModel
     from lightning.pytorch.utilities.compile import from_compiled
 
-    from xla_plugins._compile_backend import compile_backend
+    from xla_plugins.compilation._compile_backend import compile_backend
 
     assert compile_backend(BoringModel()) is None
     for backend in ("inductor", "openxla", "aot_eager"):

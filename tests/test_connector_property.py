@@ -107,7 +107,7 @@ def check_consistent(trainer: L.Trainer, flags: dict) -> None:
     assert isinstance(connector.is_distributed, bool)
     if isinstance(accelerator, AnyXLAAccelerator):
         assert isinstance(strategy, (SingleDeviceXLAStrategy, XLAStrategy))
-        assert type(trainer.precision_plugin).__module__ == "xla_plugins.precision"
+        assert type(trainer.precision_plugin).__module__ == "xla_plugins.roles.precision"
         assert trainer.precision_plugin.precision in ("32-true", "16-true", "bf16-true")
     if isinstance(strategy, SingleDeviceStrategy):
         assert strategy.root_device.type == connector._parallel_devices[0].type

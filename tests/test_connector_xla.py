@@ -58,7 +58,7 @@ def test_a_single_device_strategy_always_runs_on_the_accelerators_device(devices
 )
 def test_the_three_true_precisions_are_accepted(precision, dtype):
     plugin = build(accelerator="xla", devices=1, precision=precision).precision_plugin
-    assert type(plugin).__module__ == "xla_plugins.precision"
+    assert type(plugin).__module__ == "xla_plugins.roles.precision"
     assert plugin._desired_dtype == dtype
 
 
@@ -148,7 +148,7 @@ def test_explain_returns_the_decisions_as_data_and_as_text():
         "is_distributed",
     ]
     by_role = {row["role"]: row for row in rows}
-    assert by_role["accelerator"]["choice"] == "xla (xla_plugins.accelerator.XLAAccelerator)"
+    assert by_role["accelerator"]["choice"] == "xla (xla_plugins.roles.accelerator.XLAAccelerator)"
     assert by_role["strategy"]["choice"] == "single_xla (xla_plugins.strategies.single_xla.SingleDeviceXLAStrategy)"
     assert by_role["strategy"]["plugin"].startswith("xla (xla-plugins ")
     assert (

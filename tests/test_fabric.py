@@ -63,7 +63,7 @@ def test_a_fabric_loop_trains_the_digits_classifier(
         assert report["strategy"] == f"xla_plugins.strategies.{expected_class}"
         assert (report["precision"], report["accelerator"], report["dtype"]) == (
             "FabricXLAPrecision",
-            "xla_plugins.accelerator",
+            "xla_plugins.roles.accelerator",
             dtype,
         )
         assert report["world_size"] == world_size

@@ -23,7 +23,7 @@ L = pytest.importorskip("lightning")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO  # noqa: E402
+from xla_plugins.checkpoints.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def test_fabric_load_waits_for_the_write_in_flight(tmp_path):
 
 _ENDS_DURING_A_WRITE = """
 import sys, torch, lightning as L
-from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
+from xla_plugins.checkpoints.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
 
 
 class WaitsForTheTest(AtomicXLACheckpointIO):

@@ -1,4 +1,4 @@
-"""The compile monitor in a Fabric loop (xla_plugins.fabric_steps): late compilations and host reads inside a
+"""The compile monitor in a Fabric loop (compilation.fabric_steps): late compilations and host reads inside a
 training step (from the module's forward to optimizer.step()) reported once per cause with the user's line;
 the budget; the summary.
 

@@ -221,7 +221,7 @@ def test_xla_plugins_goodput_off_keeps_no_ledger(tmp_path):
 
 
 def test_a_bad_goodput_setting_names_the_value_and_the_choices(monkeypatch):
-    from xla_plugins.strategies._goodput import GOODPUT_VARIABLE, goodput_switch
+    from xla_plugins.long_runs._goodput import GOODPUT_VARIABLE, goodput_switch
 
     monkeypatch.setenv(GOODPUT_VARIABLE, "sometimes")
     with pytest.raises(ValueError, match="XLA_PLUGINS_GOODPUT='sometimes' is not valid: give one of on, off"):
@@ -273,7 +273,7 @@ def test_the_stop_checkpoint_written_from_on_exception_counts_as_checkpoint_save
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from trainer_plugins._goodput import start_ledger
-    from xla_plugins.strategies._goodput import KeepsGoodputLedger
+    from xla_plugins.long_runs._goodput import KeepsGoodputLedger
 
     class Saving:  # the strategy's own on_exception: the stop checkpoint's save and wait (_preemption)
         def on_exception(self, exception):

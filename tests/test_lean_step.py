@@ -4,7 +4,7 @@ Counts, not times: benchmarks/step_counts.py runs the raw loop, the quiet Traine
 bar, logger, checkpointing or summary) and the same Trainer on Lightning's own XLA classes, on the
 same model and data in one fresh interpreter, and reports torch_xla's counters and the Python calls
 per steady-state step. The closure-result tests run on CPU tensors:
-:class:`xla_plugins.closure.ClosureResultOnXLA` is device-independent logic.
+:class:`xla_plugins.loop.closure.ClosureResultOnXLA` is device-independent logic.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_the_quiet_trainers_step_graph_is_the_raw_loops(per_step):
 def test_a_loss_tensor_is_cloned_not_divided_when_nothing_accumulates():
     import torch
 
-    from xla_plugins.closure import ClosureResultOnXLA
+    from xla_plugins.loop.closure import ClosureResultOnXLA
 
     weight = torch.tensor(3.0, requires_grad=True)
     loss = weight * 2
@@ -102,7 +102,7 @@ def test_lightnings_division_and_errors_stay_for_everything_else():
     import torch
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-    from xla_plugins.closure import ClosureResultOnXLA
+    from xla_plugins.loop.closure import ClosureResultOnXLA
 
     loss = torch.tensor(3.0, requires_grad=True) * 2
     result = ClosureResultOnXLA.from_training_step_output(loss, 2)  # accumulate_grad_batches=2
@@ -118,7 +118,7 @@ def test_the_xla_accelerator_installs_the_result_class_on_its_trainer_only():
     import lightning as L
     from lightning.pytorch.loops.optimization.automatic import ClosureResult
 
-    from xla_plugins.closure import ClosureResultOnXLA
+    from xla_plugins.loop.closure import ClosureResultOnXLA
 
     flags = dict(devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     xla_trainer, cpu_trainer = L.Trainer(accelerator="xla", **flags), L.Trainer(accelerator="cpu", **flags)

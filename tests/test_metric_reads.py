@@ -4,7 +4,7 @@ Each case fits tests/scripts/default_fit.py (Trainer defaults: progress bar, log
 ``ModelCheckpoint``, model summary; validation every epoch; ``self.log(..., prog_bar=True)`` on every
 step) in a fresh interpreter, and checks torch_xla's own counters (compilations, device-to-host
 transfers), not times. ``XLA_PLUGINS_METRIC_READ_INTERVAL`` is set to an hour, so the on-step
-progress-bar reads of the read policy (:mod:`xla_plugins.metrics`) happen only for a name that has no
+progress-bar reads of the read policy (:mod:`xla_plugins.loop.metrics`) happen only for a name that has no
 value yet: the counts do not depend on how fast the machine is.
 """
 
@@ -112,7 +112,7 @@ def test_fetch_reads_every_pending_tensor_in_one_transfer():
     import torch
     import torch_xla
 
-    from xla_plugins.metrics import fetch
+    from xla_plugins.loop.metrics import fetch
 
     device = torch_xla.device()
     values = {"a": torch.tensor(1.5, device=device) * 2, "b": [torch.tensor([1, 2], device=device) + 1], "c": 3}
@@ -129,7 +129,7 @@ def logged_results(device):
     import torch
     from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
 
-    from xla_plugins import metrics
+    from xla_plugins.loop import metrics
 
     results = _ResultCollection(training=True)
     results.__class__ = metrics._LazyResultCollection
@@ -166,7 +166,7 @@ def test_a_logged_result_is_walked_only_when_one_of_its_tensors_is_elsewhere(mon
     import torch_xla
     from lightning.pytorch.trainer.connectors.logger_connector import result as lightning_result
 
-    from xla_plugins import metrics
+    from xla_plugins.loop import metrics
 
     device = torch_xla.device()
     results = logged_results(device)
@@ -194,7 +194,7 @@ def test_a_logged_result_is_walked_only_when_one_of_its_tensors_is_elsewhere(mon
     ],
 )
 def test_invalid_read_settings_name_the_value_and_the_choices(monkeypatch, variable, value):
-    from xla_plugins import metrics
+    from xla_plugins.loop import metrics
 
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=f"{variable}={value!r}"):
@@ -205,7 +205,7 @@ def test_eager_policy_leaves_lightnings_reads_alone(monkeypatch):
     import lightning as L
     from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 
-    from xla_plugins import metrics
+    from xla_plugins.loop import metrics
 
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
     monkeypatch.setenv("XLA_PLUGINS_METRIC_READS", "eager")
@@ -220,7 +220,7 @@ def test_default_progress_bar_redraws_by_the_clock_and_a_chosen_one_is_left_alon
     import lightning as L
     from lightning.pytorch.callbacks import TQDMProgressBar
 
-    from xla_plugins import progress
+    from xla_plugins.loop import progress
 
     default = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
     bar = default.progress_bar_callback
@@ -234,7 +234,7 @@ def test_default_progress_bar_redraws_by_the_clock_and_a_chosen_one_is_left_alon
 
 
 def test_xla_progress_bar_redraws_at_most_once_an_interval_and_at_the_last_batch():
-    from xla_plugins.progress import XLAProgressBar
+    from xla_plugins.loop.progress import XLAProgressBar
 
     bar = XLAProgressBar(interval_s=3600)
     assert [bar._should_update(n, 10) for n in range(1, 11)] == [True] + [False] * 8 + [True]

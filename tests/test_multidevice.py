@@ -197,7 +197,7 @@ def test_auto_on_several_cpu_devices_is_spmd_and_forcing_spawn_fails_fast():
         """
         import multiprocessing
         import lightning as L
-        from xla_plugins._torch_xla_contract import runtime_is_initialized
+        from xla_plugins.runtime._torch_xla_contract import runtime_is_initialized
         trainer = L.Trainer(accelerator="xla", devices=4, logger=False)
         print(type(trainer.strategy).__name__)
         try:

@@ -125,7 +125,7 @@ def test_each_supported_torch_xla_pair_is_installable_and_no_extra_allows_a_mism
     """
     from packaging.version import Version
 
-    from xla_plugins._runtime import version_mismatch
+    from xla_plugins.runtime._probes import version_mismatch
 
     base = declared_requirements()
     assert allowed(base["torch"]) == ["2.8.0", "2.9.0"]

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 
 import trainer_plugins  # noqa: E402
 from trainer_plugins import resolve_in  # noqa: E402
-from xla_plugins import _world  # noqa: E402
-from xla_plugins._world import RuntimeFigures  # noqa: E402
+from xla_plugins.runtime import _world  # noqa: E402
+from xla_plugins.runtime._world import RuntimeFigures  # noqa: E402
 
 pytestmark = pytest.mark.xla
 
@@ -288,7 +288,7 @@ def test_checkpoint_is_written_once_by_rank_zero_after_the_barrier_simulated_hos
             else:
                 strategy.save_checkpoint(path, state)
     assert events == ["barrier 0", "write 0", "barrier 1", "barrier 2", "barrier 3"]
-    from xla_plugins.checkpoint_io import finish_pending_writes
+    from xla_plugins.checkpoints.checkpoint_io import finish_pending_writes
 
     finish_pending_writes()  # a Fabric strategy's save returns before its background write ends
     assert torch.load(path)["state_dict"]["w"].tolist() == [0.0, 0.0, 0.0]
@@ -333,7 +333,7 @@ def test_host_collectives_and_checkpoint_across_four_processes_simulated_hosts(t
             import torch, torch.distributed as dist
             sys.path.insert(0, {str(Path(__file__).parent)!r})
             from simulated_pod import SLICES
-            from xla_plugins import _world
+            from xla_plugins.runtime import _world
             from xla_plugins.strategies._hosts import HostGroup
 
             rank = int(sys.argv[1])
@@ -589,7 +589,7 @@ def test_sigterm_to_one_simulated_host_stops_every_spawn_replica_of_every_host_a
     import torch
     from xla_cpu_harness import required_environment
 
-    from xla_plugins.strategies._stop_agreement import STOP_MARGIN_BATCHES
+    from xla_plugins.long_runs._stop_agreement import STOP_MARGIN_BATCHES
 
     script = Path(__file__).parent / "scripts" / "spawn_pod_stop.py"
     env = dict(os.environ, **required_environment(2), STOP_HOST="1", STOP_AT="3", XLA_PLUGINS_REPLICA_TIMEOUT="120")

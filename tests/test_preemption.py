@@ -454,7 +454,7 @@ def test_spawn_strategy_replicas_stop_after_one_agreed_batch_with_one_checkpoint
     or to its own worker: all stop after the batch in flight plus STOP_MARGIN_BATCHES, at one step."""
     from xla_cpu_harness import required_environment
 
-    from xla_plugins.strategies import _stop_agreement
+    from xla_plugins.long_runs import _stop_agreement
 
     root = tmp_path / "run"
     harness = {**required_environment(4), "HARNESS": str(Path(__file__).parent), "XLA_PLUGINS_REPLICA_TIMEOUT": "120"}
@@ -508,7 +508,7 @@ class OtherHost:
 def test_on_several_hosts_a_signal_of_another_host_stops_this_one_at_the_agreed_batch():
     import multiprocessing
 
-    from xla_plugins.strategies import _stop_agreement
+    from xla_plugins.long_runs import _stop_agreement
 
     stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
     margin = _stop_agreement.STOP_MARGIN_BATCHES
@@ -528,7 +528,7 @@ def test_on_several_hosts_this_hosts_signal_is_a_request_until_the_hosts_agree()
     import multiprocessing
     import threading
 
-    from xla_plugins.strategies import _stop_agreement
+    from xla_plugins.long_runs import _stop_agreement
 
     stop = _stop_agreement.HostStop(multiprocessing.get_context("fork"))
     margin = _stop_agreement.STOP_MARGIN_BATCHES
@@ -564,8 +564,8 @@ def test_the_worker_group_meets_on_torch_xlas_xla_store():
     code = textwrap.dedent(
         """
         import torch
-        from xla_plugins._world import World
-        from xla_plugins.strategies._stop_agreement import RENDEZVOUS, WorkerGroup
+        from xla_plugins.runtime._world import World
+        from xla_plugins.long_runs._stop_agreement import RENDEZVOUS, WorkerGroup
 
         assert RENDEZVOUS == "xla://"
         group = WorkerGroup(World(world_size=1, global_rank=0, local_rank=0, node_rank=0, num_nodes=1))

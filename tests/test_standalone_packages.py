@@ -57,7 +57,7 @@ report["both"] = {"unified": roles(unified), "unified_bases": bases_hold(unified
                   "pl_again": roles(pl.Trainer(accelerator="tpu", devices=1, logger=False)),
                   "pl_cpu": type(pl.Trainer(accelerator="cpu", logger=False).strategy).__module__}
 
-import xla_plugins.accelerator as ours
+import xla_plugins.roles.accelerator as ours
 twin = type(trainer.accelerator)
 source = ours.XLAAccelerator.parse_devices.__code__.co_filename
 report["one_source"] = [twin.parse_devices.__code__.co_filename == source, twin is not ours.XLAAccelerator]
@@ -115,10 +115,10 @@ def test_lightning_fabric_fabric_gets_the_xla_plugin(report):
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_both_packages_in_one_process_each_get_classes_of_their_own(report):
     assert report["both"]["unified"] == {
-        "accelerator": "xla_plugins.accelerator.XLAAccelerator",
+        "accelerator": "xla_plugins.roles.accelerator.XLAAccelerator",
         "strategy": "xla_plugins.strategies.single_xla.SingleDeviceXLAStrategy",
-        "precision": "xla_plugins.precision.XLAPrecision",
-        "environment": "xla_plugins.environment.XLAEnvironment",
+        "precision": "xla_plugins.roles.precision.XLAPrecision",
+        "environment": "xla_plugins.roles.environment.XLAEnvironment",
     }
     assert report["both"]["unified_bases"] == [True, True, True, True]
     assert report["both"]["pl_again"] == report["pl"]["roles"]

@@ -111,7 +111,7 @@ def test_a_stop_checkpoint_directory_moved_on_an_object_store_is_committed_with_
         ]
         with fs.open(f"{root}/last-stopped.ckpt.commit", "rb") as marker:
             assert marker.read() == b"14"
-        from xla_plugins.checkpoint_io import is_committed
+        from xla_plugins.checkpoints.checkpoint_io import is_committed
 
         assert is_committed(f"{root}/last-stopped.ckpt")
     finally:

@@ -1,6 +1,6 @@
 """The private torch_xla names the XLA plugin relies on exist on the installed torch_xla, and it reaches no other.
 
-Every tox cell runs these, so the contract (``xla_plugins._torch_xla_contract``) is checked on each
+Every tox cell runs these, so the contract (``xla_plugins.runtime._torch_xla_contract``) is checked on each
 supported torch_xla: 2.8 (py311-lightning25-xla28, py311-lightning26-xla28) and 2.9 (the other two).
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from xla_plugins import _torch_xla_contract as contract
-from xla_plugins._torch_xla_contract import BINDING, FUNCTION, PrivateName, contract_violations
+from xla_plugins.runtime import _torch_xla_contract as contract
+from xla_plugins.runtime._torch_xla_contract import BINDING, FUNCTION, PrivateName, contract_violations
 
 pytestmark = pytest.mark.xla
 

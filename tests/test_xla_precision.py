@@ -76,7 +76,7 @@ def test_fit_runs_in_the_requested_dtype_without_setting_a_precision_variable(pr
     model = Recorder()
     trainer = fit(precision, model)
 
-    assert type(trainer.precision_plugin).__module__ == "xla_plugins.precision"
+    assert type(trainer.precision_plugin).__module__ == "xla_plugins.roles.precision"
     assert len(model.seen) == 3
     for step in model.seen:
         assert step == {

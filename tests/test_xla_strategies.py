@@ -80,7 +80,7 @@ def test_before_launch_the_spawn_strategy_has_placeholders_and_harmless_collecti
     assert strategy.broadcast({"a": 1}) == {"a": 1}
     assert (
         "is_distributed" not in vars(type(strategy))
-        and type(strategy.cluster_environment).__module__ == "xla_plugins.environment"
+        and type(strategy.cluster_environment).__module__ == "xla_plugins.roles.environment"
     )
 
 
@@ -191,19 +191,19 @@ def test_a_backward_pass_before_the_xla_runtime_started_gives_a_clear_error():
 def test_a_torch_that_does_not_match_torch_xla_is_refused_with_matching_versions_named(monkeypatch):
     from packaging.version import Version
 
-    from xla_plugins import _runtime
+    from xla_plugins.runtime import _probes
 
-    monkeypatch.setattr(_runtime, "version", lambda name: "2.7.0" if name == "torch" else "2.9.0")
+    monkeypatch.setattr(_probes, "version", lambda name: "2.7.0" if name == "torch" else "2.9.0")
     with pytest.raises(
         RuntimeError,
         match=r"torch_xla 2\.9\.0 is built against torch 2\.9\.0, but torch 2\.7\.0 is installed;"
         r" install the matching pair: pip install 'torch==2\.9\.0' 'torch_xla==2\.9\.0'",
     ):
-        _runtime._check_versions.__wrapped__(Version("2.9.0"))
+        _probes._check_versions.__wrapped__(Version("2.9.0"))
     with pytest.raises(
         RuntimeError, match=r"torch_xla 2\.7\.0 is too old for the XLA plugin; it needs torch_xla>=2\.8"
     ):
-        _runtime._check_versions.__wrapped__(Version("2.7.0"))
+        _probes._check_versions.__wrapped__(Version("2.7.0"))
 
 
 @pytest.mark.parametrize(
@@ -221,7 +221,7 @@ def test_a_torch_that_does_not_match_torch_xla_is_refused_with_matching_versions
 def test_a_torch_xla_torch_pair_matches_only_the_torch_release_torch_xla_is_built_against(torch_xla, torch, needed):
     from packaging.version import Version
 
-    from xla_plugins._runtime import version_mismatch
+    from xla_plugins.runtime._probes import version_mismatch
 
     message = version_mismatch(Version(torch_xla), Version(torch))
     if needed is None:
@@ -234,7 +234,8 @@ def test_a_torch_xla_torch_pair_matches_only_the_torch_release_torch_xla_is_buil
 
 
 def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_fix(monkeypatch):
-    from xla_plugins import _doctor, _runtime
+    from xla_plugins import _doctor
+    from xla_plugins.runtime import _probes
 
     versions = {"torch": "2.9.1", "torch_xla": "2.9.0"}
 
@@ -243,13 +244,13 @@ def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_f
             raise PackageNotFoundError(name)  # torch_tpu, torchax, ...: not installed
         return versions[name]
 
-    monkeypatch.setattr(_runtime, "version", version)  # what the checks read
+    monkeypatch.setattr(_probes, "version", version)  # what the checks read
     monkeypatch.setattr(_doctor, "version", version)  # what doctor shows
-    _runtime._check_versions.cache_clear()  # the real pair may have been checked (and cached) already
+    _probes._check_versions.cache_clear()  # the real pair may have been checked (and cached) already
     try:
         info = _doctor.describe()
     finally:
-        _runtime._check_versions.cache_clear()
+        _probes._check_versions.cache_clear()
     assert info["torch"] == "2.9.1" and info["torch_xla"] == "2.9.0"
     assert info["error"] == (
         "RuntimeError: torch_xla 2.9.0 is built against torch 2.9.0, but torch 2.9.1 is installed;"
@@ -259,11 +260,11 @@ def test_doctor_reports_a_mismatched_torch_torch_xla_pair_as_an_error_with_the_f
 
 def test_the_xrt_runtime_is_refused():
     """Mocked: torch_xla >= 2.5 cannot run XRT at all, so only a missing PJRT device type can stand for it."""
-    from xla_plugins import _runtime
+    from xla_plugins.runtime import _probes
 
     with mock.patch("torch_xla.runtime.device_type", return_value=None):
         with pytest.raises(RuntimeError, match="The XLA XRT runtime is not supported anymore"):
-            _runtime.require_torch_xla()
+            _probes.require_torch_xla()
 
 
 class NeedsTwoArguments(Exception):

@@ -45,7 +45,7 @@ def _torchrun_variables(monkeypatch, *, rank, world_size, local_world_size, grou
 
 
 def _host_figures(host: int, hosts: int, devices: int):
-    from xla_plugins._world import RuntimeFigures
+    from xla_plugins.runtime._world import RuntimeFigures
 
     return RuntimeFigures(hosts, host, 1, hosts * devices, devices)
 
@@ -70,8 +70,8 @@ def test_xla_under_torchrun_takes_torchrun_environment_devices_and_no_spawning_l
 
 
 def test_xla_spmd_under_torchrun_is_one_rank_per_host_simulated_tpu(monkeypatch):
-    from xla_plugins._world import one_process_per_host
-    from xla_plugins.environment import check_launcher_world
+    from xla_plugins.roles.environment import check_launcher_world
+    from xla_plugins.runtime._world import one_process_per_host
     from xla_plugins.testing import simulated_runtime
 
     _torchrun_variables(monkeypatch, rank=1, world_size=2, local_world_size=1, group_rank=1)

@@ -34,10 +34,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from xla_plugins.accelerator import XLAAccelerator
-from xla_plugins.compile_monitor import CompileMonitor
-from xla_plugins.loop_phases import read_counters
-from xla_plugins.recompile_budget import LateCompilationWarning
+from xla_plugins.compilation.compile_monitor import CompileMonitor
+from xla_plugins.compilation.loop_phases import read_counters
+from xla_plugins.compilation.recompile_budget import LateCompilationWarning
+from xla_plugins.roles.accelerator import XLAAccelerator
 
 EPOCHS = 3
 TRAIN_ITEMS = 8  # batch size 1: 8 steps an epoch

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import lightning as L
 import torch
 
-from xla_plugins.recompile_budget import LateCompilationWarning
+from xla_plugins.compilation.recompile_budget import LateCompilationWarning
 
 EPOCHS = 3
 STEPS = 8

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
+from xla_plugins.checkpoints.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO
 
 
 class Regression(L.LightningModule):
@@ -238,7 +238,7 @@ def memory_last(out: str) -> dict:
 
 
 def killed(out: str) -> None:
-    import xla_plugins.checkpoint_io as checkpoint_io
+    import xla_plugins.checkpoints.checkpoint_io as checkpoint_io
 
     real = checkpoint_io.write_directory
     calls = []

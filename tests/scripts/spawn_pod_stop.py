@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from simulated_pod import PER_HOST_THREADS, Slice  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from xla_plugins.strategies import _stop_agreement  # noqa: E402
+from xla_plugins.long_runs import _stop_agreement  # noqa: E402
 from xla_plugins.testing import simulated_runtime  # noqa: E402
 
 HOST, DIR = int(sys.argv[1]), sys.argv[2]

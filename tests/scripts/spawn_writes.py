@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from linear_regression import Regression, data  # noqa: E402
 from torch import nn  # noqa: E402
 
-from xla_plugins.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO  # noqa: E402
+from xla_plugins.checkpoints.checkpoint_io import AtomicXLACheckpointIO, BackgroundXLACheckpointIO  # noqa: E402
 
 GATES = {0: threading.Event(), 1: threading.Event()}
 EVENTS: list = []

@@ -110,7 +110,7 @@ def spmd_run() -> dict:
 
 
 def main() -> None:
-    from xla_plugins._world import RuntimeFigures
+    from xla_plugins.runtime._world import RuntimeFigures
     from xla_plugins.testing import simulated_runtime
 
     record["cpu"] = trainer_run()  # joins torch_xla's world (real), then refuses it: one XLA world per process

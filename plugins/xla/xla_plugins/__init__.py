@@ -10,9 +10,14 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "xla_plugins.accelerator": ("TPUAccelerator", "XLAAccelerator"),
-    "xla_plugins.environment": ("XLAEnvironment",),
-    "xla_plugins.precision": ("FabricXLAPrecision", "TPUBf16PrecisionPlugin", "TPUPrecisionPlugin", "XLAPrecision"),
+    "xla_plugins.roles.accelerator": ("TPUAccelerator", "XLAAccelerator"),
+    "xla_plugins.roles.environment": ("XLAEnvironment",),
+    "xla_plugins.roles.precision": (
+        "FabricXLAPrecision",
+        "TPUBf16PrecisionPlugin",
+        "TPUPrecisionPlugin",
+        "XLAPrecision",
+    ),
     "xla_plugins.strategies.single_xla": (
         "FabricSingleDeviceXLAStrategy",
         "SingleDeviceXLAStrategy",

@@ -1,6 +1,6 @@
 """What ``trainer-plugins doctor`` shows for XLA: versions, PJRT device, devices, what may differ between hosts.
 
-Runs the checks of the runtime adapter (:mod:`xla_plugins._runtime`) and reports their failures as
+Runs the checks of the runtime adapter (:mod:`xla_plugins.runtime._probes`) and reports their failures as
 values, never as exceptions.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from xla_plugins import _runtime
-from xla_plugins._detection import auto_decision
-from xla_plugins._world import RuntimeFigures
+from xla_plugins.roles._detection import auto_decision
+from xla_plugins.runtime import _probes
+from xla_plugins.runtime._world import RuntimeFigures
 
 
 def describe() -> dict[str, object]:
@@ -44,11 +44,11 @@ def describe() -> dict[str, object]:
         info["error"] = "PJRT_DEVICE is set but empty, so torch_xla starts no device; unset it or name a device type"
         return info
     try:
-        info["runtime"] = "PJRT" if _runtime.require_torch_xla() is not None else "?"
-        info["device type"] = _runtime.device_type()
-        figures = _runtime.runtime_figures()
+        info["runtime"] = "PJRT" if _probes.require_torch_xla() is not None else "?"
+        info["device type"] = _probes.device_type()
+        figures = _probes.runtime_figures()
     except (ModuleNotFoundError, RuntimeError) as error:
-        info["error"] = _runtime.runtime_error_text(error)
+        info["error"] = _probes.runtime_error_text(error)
         return info
     info["device count"] = figures.addressable_device_count
     info.update(host_view(figures))
@@ -127,7 +127,7 @@ def host_warnings(figures: RuntimeFigures) -> list[str]:
     """What could differ between the hosts of a slice, as far as this host can see (``doctor``).
 
     Nothing on one host. On several: ``PJRT_DEVICE`` unset (each host then picks its own device,
-    :func:`~xla_plugins._runtime.require_torch_xla`); the versions of :data:`SLICE_DISTRIBUTIONS`,
+    :func:`~xla_plugins.runtime._probes.require_torch_xla`); the versions of :data:`SLICE_DISTRIBUTIONS`,
     which must match on every host and can only be compared across the hosts' outputs; devices
     that do not add up (``global != hosts x local``: hosts with different device counts).
     """

@@ -114,7 +114,7 @@ def trainer_plugins_environments() -> list[EnvironmentEntry]:
 def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
     if name not in ACCELERATOR_NAMES:
         return None
-    from xla_plugins._detection import auto_candidate
+    from xla_plugins.roles._detection import auto_candidate
 
     return auto_candidate()
 
@@ -159,16 +159,16 @@ def trainer_plugins_select_strategy(accelerator: Any, parallel_devices: list[Any
         return None
     if len(parallel_devices) == 1:
         return "single_xla"
-    from xla_plugins import _runtime
-    from xla_plugins.environment import started_by_torchrun
+    from xla_plugins.roles.environment import started_by_torchrun
+    from xla_plugins.runtime import _probes
 
-    if not started_by_torchrun() and _runtime.spawn_collectives_hang():
+    if not started_by_torchrun() and _probes.spawn_collectives_hang():
         from lightning.fabric.utilities.rank_zero import rank_zero_info
 
         # at INFO, as the run's start-up line that names the strategy: why not Lightning's 'xla'
         rank_zero_info(
             f"xla-plugins: strategy='auto' chose 'xla_spmd' for {len(parallel_devices)} PJRT"
-            f" {_runtime.device_type()} devices: the one-worker-per-device strategy 'xla' cannot run collectives on"
+            f" {_probes.device_type()} devices: the one-worker-per-device strategy 'xla' cannot run collectives on"
             " this device with this torch_xla. The loader's batch_size stays the per-device batch, as with 'xla'."
         )
         return "xla_spmd"
@@ -212,14 +212,14 @@ def trainer_plugins_validate(accelerator: Any, strategy: Any, parallel_devices: 
             " Use strategy='single_xla' (or strategy='auto') for one device."
         )
     if isinstance(strategy, strategies.one_worker_per_device):
-        from xla_plugins import _runtime
-        from xla_plugins.environment import started_by_torchrun
+        from xla_plugins.roles.environment import started_by_torchrun
+        from xla_plugins.runtime import _probes
 
         # under torchrun each process drives one device from its main thread: no cross-thread collectives
-        if not started_by_torchrun() and _runtime.spawn_collectives_hang():
+        if not started_by_torchrun() and _probes.spawn_collectives_hang():
             raise NotImplementedError(
                 f"The one-worker-per-device strategy {type(strategy).__name__} would hang in its first collective on"
-                f" PJRT {_runtime.device_type()} with torch_xla {_runtime.torch_xla_version()}: it lowers cross-device"
+                f" PJRT {_probes.device_type()} with torch_xla {_probes.torch_xla_version()}: it lowers cross-device"
                 " collectives without a channel id. Use strategy='xla_spmd' (or strategy='auto') for several devices."
             )
 

@@ -2,7 +2,7 @@
 
 The core lists its own in ``trainer_plugins._lightning_contract``; these are the XLA roles' own:
 Lightning's XLA launchers and their worker hand-over, the result collection and logger connector
-whose reads :mod:`xla_plugins.metrics` defers, the progress bar's redraw test, and a few private
+whose reads :mod:`xla_plugins.loop.metrics` defers, the progress bar's redraw test, and a few private
 helpers. ``tests/test_lightning_contract.py`` runs
 ``trainer_plugins._lightning_contract.contract_violations`` on them in every tox environment, for
 ``lightning`` and ``pytorch_lightning``, so a Lightning release that renames one fails the matrix
@@ -19,7 +19,7 @@ _LAUNCHER = "lightning.pytorch.strategies.launchers.xla:_XLALauncher"
 _FABRIC_LAUNCHER = "lightning.fabric.strategies.launchers.xla:_XLALauncher"
 
 METHODS = (
-    # xla_plugins.metrics
+    # xla_plugins.loop.metrics
     PrivateMethod(f"{_RESULT}:_ResultCollection._get_cache", ("result_metric", "on_step")),
     PrivateMethod(f"{_RESULT}:_ResultCollection._forked_name", ("self", "result_metric", "on_step")),
     PrivateMethod(f"{_RESULT}:_ResultCollection.valid_items", ("self",)),
@@ -29,12 +29,12 @@ METHODS = (
     PrivateMethod(f"{_RESULT}:_ResultMetric.to", ("self", "args", "kwargs")),
     PrivateMethod(f"{_LOGGER}.log_metrics", ("self", "metrics", "step")),
     PrivateMethod(f"{_LOGGER}.teardown", ("self",)),
-    # xla_plugins.closure
+    # xla_plugins.loop.closure
     PrivateMethod(
         "lightning.pytorch.loops.optimization.automatic:ClosureResult.from_training_step_output",
         ("training_step_output", "normalize"),
     ),
-    # xla_plugins.progress
+    # xla_plugins.loop.progress
     PrivateMethod(
         "lightning.pytorch.callbacks.progress.tqdm_progress:TQDMProgressBar._should_update",
         ("self", "current", "total"),
@@ -82,7 +82,7 @@ ATTRIBUTES = (
     PrivateAttribute(f"{_RESULT}:_ResultMetric", "_defaults"),
     PrivateAttribute("lightning.pytorch.loops.optimization.automatic:_AutomaticOptimization", "output_result_cls"),
     PrivateAttribute("lightning.pytorch.strategies.strategy:Strategy", "_launcher"),
-    # xla_plugins.strategies._preemption sets Lightning's stop flag in a replica of the spawn strategy (the core's
+    # xla_plugins.long_runs._preemption sets Lightning's stop flag in a replica of the spawn strategy (the core's
     # trainer_plugins.long_runs lists the rest of its names in trainer_plugins._lightning_contract)
     PrivateAttribute("lightning.pytorch.trainer.trainer:Trainer", "_signal_connector"),
     PrivateAttribute("lightning.pytorch.core.module:LightningModule", "_trainer"),

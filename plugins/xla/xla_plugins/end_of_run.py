@@ -1,8 +1,8 @@
 """What xla-plugins prints when a run ends: one short line on global rank 0, the tables on request.
 
 When a Trainer's ``fit``, ``validate``, ``test`` or ``predict`` ends (or, for Fabric, the process), the
-compile monitor (:mod:`xla_plugins.compile_monitor`) and, for a ``fit``, the goodput ledger
-(``trainer_plugins._goodput``, kept by :mod:`xla_plugins.strategies._goodput`) have their figures.
+compile monitor (:mod:`xla_plugins.compilation.compile_monitor`) and, for a ``fit``, the goodput ledger
+(``trainer_plugins._goodput``, kept by :mod:`xla_plugins.long_runs._goodput`) have their figures.
 Global rank 0 logs them (Lightning's rank-zero logger, on stderr by default) as chosen by
 ``XLA_PLUGINS_SUMMARY`` (:data:`SUMMARY_VARIABLE`):
 
@@ -16,7 +16,7 @@ Global rank 0 logs them (Lightning's rank-zero logger, on stderr by default) as 
   the compile monitor's table when it reported a cause in this run (its warnings came earlier), the
   goodput table when an attempt of the run was interrupted or steps were redone;
 * ``tables``: the line, then both tables: the compile monitor's compilations and host reads per
-  phase (``xla_plugins.compile_reports.summary_lines``) and the goodput ledger's buckets
+  phase (``xla_plugins.compilation.compile_reports.summary_lines``) and the goodput ledger's buckets
   (``trainer_plugins.goodput_table_lines``; also ``trainer-plugins goodput <default_root_dir>``);
 * ``off``: nothing (the compile monitor's reports are warnings and still come, see
   ``XLA_PLUGINS_RECOMPILES``).
@@ -36,7 +36,7 @@ import lightning_utilities.core.rank_zero as rank_zero_module
 
 from trainer_plugins import RunLedger, _variables, goodput_summary_line, goodput_table_lines
 from trainer_plugins._goodput_ledger import needs_attention
-from xla_plugins.compile_reports import summary_lines
+from xla_plugins.compilation.compile_reports import summary_lines
 
 #: Variable that chooses what a run prints at its end: ``line`` (default), ``tables`` or ``off``.
 SUMMARY_VARIABLE = "XLA_PLUGINS_SUMMARY"

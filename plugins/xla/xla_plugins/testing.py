@@ -1,7 +1,7 @@
 """Test aids of the XLA plugin: the runtime test double and the test switch of the spawn strategy.
 
-The plugin's runtime adapter (:func:`xla_plugins._runtime.runtime_figures`) and its refusal of the
-one-worker-per-device strategy on PJRT CPU (:func:`xla_plugins._runtime.spawn_collectives_hang`)
+The plugin's runtime adapter (:func:`xla_plugins.runtime._probes.runtime_figures`) and its refusal of the
+one-worker-per-device strategy on PJRT CPU (:func:`xla_plugins.runtime._probes.spawn_collectives_hang`)
 ask this module whether a test changed them; nothing else in the plugin knows about tests.
 Importing this module imports neither torch nor torch_xla.
 """
@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Optional
 
-from xla_plugins._world import RuntimeFigures
+from xla_plugins.runtime._world import RuntimeFigures
 
 #: Test switch: ``1`` lets the one-worker-per-device strategy run on PJRT CPU although its collectives
 #: would hang with this torch_xla. Only for a process that re-lowered the collectives itself, as the
@@ -31,7 +31,7 @@ def cpu_spawn_switched_on() -> bool:
 
 @contextlib.contextmanager
 def simulated_runtime(source: Callable[[], RuntimeFigures]) -> Iterator[None]:
-    """Make :func:`xla_plugins._runtime.runtime_figures` return ``source()``: the test double for a multi-host slice.
+    """Make :func:`~xla_plugins.runtime._probes.runtime_figures` return ``source()``: a multi-host slice's test double.
 
     No TPU pod is needed to test what the strategies do on one: inside this context every world
     size, rank and data share the plugin computes comes from ``source`` (called on every read, so it
@@ -39,7 +39,7 @@ def simulated_runtime(source: Callable[[], RuntimeFigures]) -> Iterator[None]:
     real. Nested use restores the outer source on exit.
 
     Args:
-        source: a callable returning the simulated :class:`~xla_plugins._world.RuntimeFigures`.
+        source: a callable returning the simulated :class:`~xla_plugins.runtime._world.RuntimeFigures`.
     """
     global _figures_source
     outer, _figures_source = _figures_source, source

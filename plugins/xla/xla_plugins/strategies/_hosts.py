@@ -22,7 +22,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
-from xla_plugins._world import World
+from xla_plugins.runtime._world import World
 from xla_plugins.strategies._reduce import REDUCE_OPS, averaged, reduce_op_name
 
 #: torch.distributed backend of the host group: CPU tensors between the hosts' processes.
@@ -35,7 +35,7 @@ class HostGroup:
     """The hosts of one run, as ranks of a ``torch.distributed`` process group (one process per host).
 
     Args:
-        world: the host's :class:`~xla_plugins._world.World`.
+        world: the host's :class:`~xla_plugins.runtime._world.World`.
     """
 
     def __init__(self, world: World) -> None:

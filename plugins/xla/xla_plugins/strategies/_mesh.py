@@ -18,8 +18,8 @@ from lightning_utilities import apply_to_collection
 from torch import Tensor
 from torch.nn import Module
 
-from xla_plugins import _runtime, _world
-from xla_plugins.environment import check_launcher_world, check_one_process_per_host
+from xla_plugins.roles.environment import check_launcher_world, check_one_process_per_host
+from xla_plugins.runtime import _probes, _world
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._hosts import HostGroup
 from xla_plugins.strategies._reduce import reduce_op_name
@@ -34,7 +34,7 @@ class _OneProcessOverAMesh:
 
     Constructor arguments are those of Lightning's ``ParallelStrategy`` (keywords), plus ``batch``
     (see :mod:`xla_plugins.strategies._batches`). The strategies built on it choose the default
-    checkpoint IO (:mod:`xla_plugins.strategies._background_checkpoints`).
+    checkpoint IO (:mod:`xla_plugins.checkpoints._background_checkpoints`).
     """
 
     _mesh: Optional[Any] = None
@@ -43,7 +43,7 @@ class _OneProcessOverAMesh:
     _log_name = "xla_spmd"
 
     def __init__(self, *, batch: str = _batches.PER_DEVICE, checkpoint_io: Optional[Any] = None, **kwargs: Any) -> None:
-        _runtime.require_torch_xla()
+        _probes.require_torch_xla()
         self.batch = _batches.check_batch_meaning(batch)
         self._described: set[str] = set()
         # None stays None until first used, so that Lightning's connectors take one given through `plugins=[...]`
@@ -70,7 +70,7 @@ class _OneProcessOverAMesh:
 
         Raises:
             RuntimeError: see :meth:`~xla_plugins.strategies._hosts.HostGroup.connect` and
-                :func:`~xla_plugins.environment.check_launcher_world`.
+                :func:`~xla_plugins.roles.environment.check_launcher_world`.
         """
         check_launcher_world(_world.one_process_per_host, "host")
         hosts = self.hosts
@@ -104,18 +104,18 @@ class _OneProcessOverAMesh:
 
     @property
     def world(self) -> _world.World:
-        """This host's world: one process per host (:func:`~xla_plugins._world.one_process_per_host`).
+        """This host's world: one process per host (:func:`~xla_plugins.runtime._world.one_process_per_host`).
 
-        Read from ``torch_xla.runtime`` through :func:`~xla_plugins._runtime.runtime_figures` (a
+        Read from ``torch_xla.runtime`` through :func:`~xla_plugins.runtime._probes.runtime_figures` (a
         probe process before the runtime runs here). On one host: world size 1, every rank 0.
 
         Raises:
             ValueError: torchrun started several processes on this host
-                (:func:`~xla_plugins.environment.check_one_process_per_host`); the runtime's figures are
+                (:func:`~xla_plugins.roles.environment.check_one_process_per_host`); the runtime's figures are
                 inconsistent or show several processes per host.
         """
         check_one_process_per_host()
-        return _world.one_process_per_host(_runtime.runtime_figures())
+        return _world.one_process_per_host(_probes.runtime_figures())
 
     @property
     def world_size(self) -> int:
@@ -162,14 +162,14 @@ class _OneProcessOverAMesh:
     def distributed_sampler_kwargs(self) -> Optional[dict[str, int]]:
         """``None`` on one host (the loader's own order is dealt out to the devices); on several,
         ``{"num_replicas": hosts, "rank": host}``: each host loads its own share of the data set
-        (see :func:`~xla_plugins._world.host_sampler_kwargs`)."""
+        (see :func:`~xla_plugins.runtime._world.host_sampler_kwargs`)."""
         return _world.host_sampler_kwargs(self.world)
 
     @property
     def local_num_devices(self) -> int:
         """Devices of this host (``addressable_runtime_device_count``; ``parallel_devices`` before setup)."""
         if self._mesh is not None:
-            return _runtime.runtime_figures().addressable_device_count
+            return _probes.runtime_figures().addressable_device_count
         return len(getattr(self, "parallel_devices", None) or ()) or 1
 
     @property
@@ -189,7 +189,7 @@ class _OneProcessOverAMesh:
 
         Raises:
             ValueError: torchrun started more than one process on this host
-                (:func:`~xla_plugins.environment.check_one_process_per_host`).
+                (:func:`~xla_plugins.roles.environment.check_one_process_per_host`).
         """
         check_one_process_per_host()  # before the runtime starts
         import torch_xla.runtime as xr

@@ -18,9 +18,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from trainer_plugins.long_runs import _commits
-from xla_plugins import _torch_xla_contract
-from xla_plugins._silenced_warnings import BACKWARD_BARRIER, silenced
-from xla_plugins.strategies._sharded_checkpoints import save_sharded
+from xla_plugins.checkpoints._sharded_checkpoints import save_sharded
+from xla_plugins.runtime import _torch_xla_contract
+from xla_plugins.runtime._silenced_warnings import BACKWARD_BARRIER, silenced
 from xla_plugins.strategies._tied_parameters import move_module
 
 #: Mesh axis the parameters are sharded over (torch_xla's SPMD FSDP requires this name).
@@ -199,7 +199,7 @@ class _ShardsParameters:
 
     def backward(self, *args: Any, **kwargs: Any) -> Any:
         """The backward pass of the Trainer's or Fabric's strategy, without torch's warning about torch_xla's
-        backward barrier hook at every step (see :mod:`xla_plugins._silenced_warnings`)."""
+        backward barrier hook at every step (see :mod:`xla_plugins.runtime._silenced_warnings`)."""
         with silenced(BACKWARD_BARRIER):
             return super().backward(*args, **kwargs)  # type: ignore[misc]
 
@@ -277,7 +277,7 @@ class _ShardsParameters:
         """Write a sharded checkpoint; every host takes part (metadata and the commit on global rank 0).
 
         Through the checkpoint IO's ``save_sharded`` when it has one (the default's: in the background
-        with :class:`~xla_plugins.checkpoint_io.BackgroundXLACheckpointIO`, which needs the hosts to
+        with :class:`~xla_plugins.checkpoints.checkpoint_io.BackgroundXLACheckpointIO`, which needs the hosts to
         meet again only when a checkpoint is loaded), else on this thread (:func:`save_sharded`),
         followed by a barrier. Every host writes into global rank 0's temporary directory.
         """

@@ -14,19 +14,19 @@ from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as _
 
 from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
 from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
-from xla_plugins import _runtime
-from xla_plugins.recompile_budget import check_budget
-from xla_plugins.strategies._background_checkpoints import (
+from xla_plugins.checkpoints._background_checkpoints import (
     FabricWritesCheckpointsInBackground,
     WritesCheckpointsInBackground,
 )
+from xla_plugins.compilation._compile_budget import MonitorsFabricSteps
+from xla_plugins.compilation.recompile_budget import check_budget
+from xla_plugins.long_runs._fabric_preemption import FabricStopsOnSignal
+from xla_plugins.long_runs._goodput import KeepsGoodputLedger
+from xla_plugins.long_runs._preemption import SavesCheckpointOnStop
+from xla_plugins.runtime import _probes
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
-from xla_plugins.strategies._compile_budget import MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
-from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
-from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
-from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
@@ -42,7 +42,7 @@ def xla_device(device: DeviceLike) -> torch.device:
     Raises:
         ModuleNotFoundError: torch_xla is not installed.
     """
-    torch_xla = _runtime.require_torch_xla()
+    torch_xla = _probes.require_torch_xla()
     index = torch.device(device).index if isinstance(device, (torch.device, str)) else device
     return torch_xla.device(index)
 
@@ -72,7 +72,7 @@ class SingleDeviceXLAStrategy(
         accelerator, checkpoint_io, precision_plugin: as for Lightning's ``SingleDeviceStrategy``.
         debug: set ``PT_XLA_DEBUG=1`` while the strategy is set up (removed at teardown).
         recompiles: the compile monitor's budget, ``"warn"``, ``"error"`` or ``"off"``; ``None``:
-            ``XLA_PLUGINS_RECOMPILES`` (default ``"warn"``). See :mod:`xla_plugins.compile_monitor`.
+            ``XLA_PLUGINS_RECOMPILES`` (default ``"warn"``). See :mod:`xla_plugins.compilation.compile_monitor`.
 
     Raises:
         ValueError: ``recompiles`` is not one of those (the message names it and the choices).
@@ -117,13 +117,13 @@ class FabricSingleDeviceXLAStrategy(  # type: ignore[misc]
     ``fabric.setup_optimizers`` after ``fabric.setup_module`` (see
     :class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), seeds
     the device RNG when a module is set up, writes ``fabric.save`` checkpoints atomically in the
-    background (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`),
-    and watches the loop's steps for late compilations and host reads (:mod:`xla_plugins.fabric_steps`).
+    background (:class:`~xla_plugins.checkpoints._background_checkpoints.FabricWritesCheckpointsInBackground`),
+    and watches the loop's steps for late compilations and host reads (:mod:`xla_plugins.compilation.fabric_steps`).
 
     Args:
         device, accelerator, checkpoint_io, precision: as Lightning's ``SingleDeviceXLAStrategy``.
         recompiles: the compile monitor's budget (keyword; see
-            :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
+            :class:`~xla_plugins.compilation._compile_budget.MonitorsFabricSteps`).
 
     Raises:
         ValueError: ``recompiles`` is not ``"warn"``, ``"error"``, ``"off"`` or ``None``.

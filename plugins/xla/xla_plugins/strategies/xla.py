@@ -12,19 +12,19 @@ from torch import Tensor
 
 from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
 from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
-from xla_plugins import _runtime, _world
-from xla_plugins.environment import XLAEnvironment, check_launcher_world, process_environment
-from xla_plugins.strategies import _reduce
-from xla_plugins.strategies._background_checkpoints import (
+from xla_plugins.checkpoints._background_checkpoints import (
     FabricWritesCheckpointsInBackground,
     WritesCheckpointsInBackground,
 )
+from xla_plugins.compilation._compile_budget import HasCompileBudget, MonitorsFabricSteps
+from xla_plugins.long_runs._fabric_preemption import FabricStopsOnSignal
+from xla_plugins.long_runs._goodput import KeepsGoodputLedger
+from xla_plugins.long_runs._preemption import SavesCheckpointOnStop
+from xla_plugins.roles.environment import XLAEnvironment, check_launcher_world, process_environment
+from xla_plugins.runtime import _probes, _world
+from xla_plugins.strategies import _reduce
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
-from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
-from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
-from xla_plugins.strategies._goodput import KeepsGoodputLedger
-from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 from xla_plugins.strategies.launchers import FabricXLALauncher, ReportsProgress, XLALauncher, progress
@@ -43,7 +43,7 @@ class _OneWorkerPerDevice(ReportsProgress):
     _lightning_strategy: ClassVar[type]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _runtime.require_torch_xla()
+        _probes.require_torch_xla()
         super().__init__(*args, **kwargs)
         self.cluster_environment = process_environment()
 
@@ -64,11 +64,11 @@ class _OneWorkerPerDevice(ReportsProgress):
         torch_xla's torchrun support: ``dist.init_process_group("xla", init_method="xla://")``,
         whose rendezvous calls ``pjrt.initialize_multiprocess(LOCAL_RANK, LOCAL_WORLD_SIZE)`` (on TPU:
         one chip per process) when torchrun started the process. A process group that exists
-        already is reused. Then :func:`~xla_plugins.environment.check_launcher_world` holds torchrun's
+        already is reused. Then :func:`~xla_plugins.roles.environment.check_launcher_world` holds torchrun's
         ``WORLD_SIZE``/``RANK`` against the runtime's world of one replica per device.
 
         Raises:
-            RuntimeError: see :func:`~xla_plugins.environment.check_launcher_world`.
+            RuntimeError: see :func:`~xla_plugins.roles.environment.check_launcher_world`.
         """
         import torch.distributed as dist
         import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" backend and xla://
@@ -161,7 +161,7 @@ class XLAStrategy(  # type: ignore[misc]
     ``distributed_sampler_kwargs`` is ``{"num_replicas": world_size, "rank": global_rank}``.
 
     Differences from Lightning's: world size and ranks come from this plugin's
-    :class:`~xla_plugins.environment.XLAEnvironment`, the device from ``torch_xla.device()``, pending
+    :class:`~xla_plugins.roles.environment.XLAEnvironment`, the device from ``torch_xla.device()``, pending
     graphs are synced with ``torch_xla.sync()`` before a checkpoint is written (by global rank 0
     only, with CPU tensors), pending evaluation work runs when validation ends, worker failures stop
     the run, ``reduce`` has max and min, and each replica's device RNG is seeded from torch's seed at
@@ -177,7 +177,7 @@ class XLAStrategy(  # type: ignore[misc]
         debug: set ``PT_XLA_DEBUG=1`` in the workers.
         sync_module_states: broadcast rank 0's parameters and buffers at setup.
         recompiles: the compile monitor's budget (keyword; see
-            :class:`~xla_plugins.strategies._compile_budget.HasCompileBudget`).
+            :class:`~xla_plugins.compilation._compile_budget.HasCompileBudget`).
 
     Raises:
         ValueError: ``recompiles`` is not ``"warn"``, ``"error"``, ``"off"`` or ``None``.
@@ -206,13 +206,13 @@ class FabricXLAStrategy(  # type: ignore[misc]
     failure-stopping :class:`~xla_plugins.strategies.launchers.FabricXLALauncher`, ``all_reduce`` with
     max and min, the device RNG seeded when a module is set up, and ``fabric.save`` written
     atomically in the background by global rank 0
-    (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
+    (:class:`~xla_plugins.checkpoints._background_checkpoints.FabricWritesCheckpointsInBackground`).
     ``fabric.setup_optimizers`` after ``fabric.setup_module`` is refused with Lightning's
     ``RuntimeError`` (set the model and optimizers up together with ``fabric.setup``). Its precision
     plugin steps with ``xm.optimizer_step(..., barrier=True)``, which reduces the gradients. The
-    loop's steps are watched for late compilations and host reads (:mod:`xla_plugins.fabric_steps`;
+    loop's steps are watched for late compilations and host reads (:mod:`xla_plugins.compilation.fabric_steps`;
     ``recompiles``, keyword, is the budget, see
-    :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`).
+    :class:`~xla_plugins.compilation._compile_budget.MonitorsFabricSteps`).
 
     Raises:
         ValueError: ``recompiles`` is not a budget.

@@ -6,7 +6,7 @@ process, SPMD mode, the mesh, batch meaning, one-process collectives) with param
 ``torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel``, which
 shards every parameter along the mesh axis ``"fsdp"``; gradients and optimizer state follow the
 parameters' sharding, and XLA's partitioner inserts the all-gathers and reduce-scatters.
-Checkpoints are full or sharded (:mod:`xla_plugins.strategies._sharded_checkpoints`).
+Checkpoints are full or sharded (:mod:`xla_plugins.checkpoints._sharded_checkpoints`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from xla_plugins._silenced_warnings import NON_TENSOR_OUTPUT, silenced
+from xla_plugins.checkpoints._sharded_checkpoints import is_sharded_checkpoint, load_sharded, shard_optimizer_state
+from xla_plugins.runtime._silenced_warnings import NON_TENSOR_OUTPUT, silenced
 from xla_plugins.strategies import _batches
 from xla_plugins.strategies._parameter_sharding import _ShardsParameters, gather_full, to_host
-from xla_plugins.strategies._sharded_checkpoints import is_sharded_checkpoint, load_sharded, shard_optimizer_state
 from xla_plugins.strategies._tied_parameters import move_module
 from xla_plugins.strategies.xla_spmd import FabricXLASPMDStrategy, XLASPMDStrategy
 
@@ -52,7 +52,7 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
     each device's shards through ``torch.distributed.checkpoint`` with torch_xla's
     ``SPMDSavePlanner``, plus the rest in ``meta.pt`` (Lightning's FSDP names both formats alike).
     Both are written atomically, in the background by default, as the other XLA strategies' files
-    (:class:`~xla_plugins.strategies._background_checkpoints.WritesCheckpointsInBackground`): the
+    (:class:`~xla_plugins.checkpoints._background_checkpoints.WritesCheckpointsInBackground`): the
     step waits for the copy of each device's shards to the host only.
     ``fit(ckpt_path=...)`` reads either, after the model is wrapped (as Lightning's FSDP strategy),
     and restores the optimizer state sharded like the parameters.
@@ -85,7 +85,7 @@ class XLAFSDPv2Strategy(_ShardsParameters, XLASPMDStrategy):  # type: ignore[mis
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         """Lightning's ``validation_step`` call, without torch's warning that the wrapper's backward hook cannot
-        run on a step output that is no tensor (see :mod:`xla_plugins._silenced_warnings`)."""
+        run on a step output that is no tensor (see :mod:`xla_plugins.runtime._silenced_warnings`)."""
         with silenced(NON_TENSOR_OUTPUT):
             return super().validation_step(*args, **kwargs)
 

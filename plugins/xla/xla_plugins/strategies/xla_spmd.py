@@ -14,19 +14,19 @@ from typing_extensions import override
 
 from trainer_plugins.long_runs._interrupted_validation import CorrectsRestarts
 from trainer_plugins.long_runs._loader_position import ResumesLoaderPosition
-from xla_plugins.strategies import _batches
-from xla_plugins.strategies._background_checkpoints import (
+from xla_plugins.checkpoints._background_checkpoints import (
     FabricWritesCheckpointsInBackground,
     WritesCheckpointsInBackground,
 )
+from xla_plugins.compilation._compile_budget import HasCompileBudget, MonitorsFabricSteps
+from xla_plugins.long_runs._fabric_preemption import FabricStopsOnSignal
+from xla_plugins.long_runs._goodput import KeepsGoodputLedger
+from xla_plugins.long_runs._preemption import SavesCheckpointOnStop
+from xla_plugins.strategies import _batches
 from xla_plugins.strategies._batch_norm import CorrectsBatchNormAtSetup, CorrectsBatchNormWithModule
-from xla_plugins.strategies._compile_budget import HasCompileBudget, MonitorsFabricSteps
 from xla_plugins.strategies._evaluation import RunsPendingEvaluationWork
-from xla_plugins.strategies._fabric_preemption import FabricStopsOnSignal
-from xla_plugins.strategies._goodput import KeepsGoodputLedger
 from xla_plugins.strategies._mesh import _OneProcessOverAMesh
 from xla_plugins.strategies._moved_parameters import KeepsOptimizersOnMovedParameters
-from xla_plugins.strategies._preemption import SavesCheckpointOnStop
 from xla_plugins.strategies._seed import SeedsDeviceAtSetup, SeedsDeviceWithModule
 from xla_plugins.strategies._tied_parameters import MovesModelKeepingTies, MovesModuleKeepingTies
 
@@ -67,7 +67,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
     injection, no metric syncing, and Lightning's tuners such as the batch-size finder work; the
     finder scales the per-device batch). On a slice of several hosts (one process each) every
     host is a rank: ``world_size`` is the number of hosts, ``global_rank`` the host's process
-    index (:func:`~xla_plugins._world.one_process_per_host`), ``is_distributed`` is ``True``, a
+    index (:func:`~xla_plugins.runtime._world.one_process_per_host`), ``is_distributed`` is ``True``, a
     ``DistributedSampler`` over the hosts gives each host its share, which goes to the mesh with
     torch_xla's ``minibatch`` input sharding, and host values are reduced across the hosts
     (:class:`~xla_plugins.strategies._hosts.HostGroup`).
@@ -81,7 +81,7 @@ class XLASPMDStrategy(  # type: ignore[misc]
     Args:
         batch: ``"per_device"`` (default) or ``"global"``: what the loader's batch is.
         recompiles: the compile monitor's budget (see
-            :class:`~xla_plugins.strategies._compile_budget.HasCompileBudget`).
+            :class:`~xla_plugins.compilation._compile_budget.HasCompileBudget`).
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as for
             Lightning's ``ParallelStrategy`` (keywords).
 
@@ -160,10 +160,10 @@ class FabricXLASPMDStrategy(  # type: ignore[misc]
     (:class:`~xla_plugins.strategies._moved_parameters.KeepsOptimizersOnMovedParameters`), and the
     device RNG is seeded when a module is set up
     (:class:`~xla_plugins.strategies._seed.SeedsDeviceWithModule`). The loop's steps are watched for
-    late compilations and host reads (:mod:`xla_plugins.fabric_steps`; ``recompiles``, keyword, is the
-    budget, see :class:`~xla_plugins.strategies._compile_budget.MonitorsFabricSteps`). ``fabric.save``
+    late compilations and host reads (:mod:`xla_plugins.compilation.fabric_steps`; ``recompiles``, keyword, is the
+    budget, see :class:`~xla_plugins.compilation._compile_budget.MonitorsFabricSteps`). ``fabric.save``
     writes atomically in the background
-    (:class:`~xla_plugins.strategies._background_checkpoints.FabricWritesCheckpointsInBackground`).
+    (:class:`~xla_plugins.checkpoints._background_checkpoints.FabricWritesCheckpointsInBackground`).
 
     Raises:
         ValueError: ``batch`` is not ``"per_device"`` or ``"global"``; ``recompiles`` is not a budget.

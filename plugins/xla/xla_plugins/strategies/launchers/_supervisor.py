@@ -29,9 +29,9 @@ import torch.multiprocessing as mp
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainer_plugins.long_runs._stop_settings import exit_status
-from xla_plugins import _torch_xla_contract
-from xla_plugins.checkpoint_io import finish_pending_writes
-from xla_plugins.strategies import _stop_agreement
+from xla_plugins.checkpoints.checkpoint_io import finish_pending_writes
+from xla_plugins.long_runs import _stop_agreement
+from xla_plugins.runtime import _torch_xla_contract
 from xla_plugins.strategies.launchers._failures import (
     WorkerDiedError,
     WorkerTraceback,

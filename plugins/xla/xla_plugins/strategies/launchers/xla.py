@@ -20,7 +20,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from trainer_plugins.long_runs import _stop_checkpoint
-from xla_plugins.strategies import _preemption, _stop_agreement
+from xla_plugins.long_runs import _preemption, _stop_agreement
 from xla_plugins.strategies.launchers._failures import run_replica
 from xla_plugins.strategies.launchers._supervisor import spawn_replicas
 from xla_plugins.strategies.launchers._watchdog import _then_progress
@@ -108,8 +108,8 @@ class FabricXLALauncher(_LightningFabricXLALauncher):
         """Run ``function(*args, **kwargs)`` on every device; return rank 0's result.
 
         A stop signal to the main process or to a worker is handled as
-        :mod:`~xla_plugins.strategies._fabric_preemption` says (through
-        :func:`~xla_plugins.strategies._stop_agreement.workers_stop_together`).
+        :mod:`~xla_plugins.long_runs._fabric_preemption` says (through
+        :func:`~xla_plugins.long_runs._stop_agreement.workers_stop_together`).
 
         Raises:
             BaseException: what a replica raised, with its traceback chained.
@@ -132,7 +132,7 @@ class FabricXLALauncher(_LightningFabricXLALauncher):
 
 def _then_finish_monitors(function: Callable, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, then the summary of the Fabric compile monitors of this replica."""
-    from xla_plugins import fabric_steps
+    from xla_plugins.compilation import fabric_steps
 
     result = function(*args, **kwargs)
     fabric_steps.finish_this_thread()
