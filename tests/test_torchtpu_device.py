@@ -18,7 +18,7 @@ from conftest import HAS_TORCHTPU_STANDIN
 if not HAS_TORCHTPU_STANDIN:  # named on the command line in a cell without it (tests/ alone never collects it)
     pytest.skip("torchtpu-plugins with torch >= 2.11 is not installed", allow_module_level=True)
 
-from torchtpu_plugins import _torch_contract  # noqa: E402
+from torchtpu_plugins.runtime import _torch_contract  # noqa: E402
 
 pytestmark = pytest.mark.torchtpu
 

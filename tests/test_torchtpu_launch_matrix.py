@@ -315,7 +315,7 @@ def no_launcher(monkeypatch):
 
 
 def test_devices_auto_is_the_launchers_processes_on_this_host(no_launcher):
-    from torchtpu_plugins.accelerator import TorchTPUAccelerator
+    from torchtpu_plugins.roles.accelerator import TorchTPUAccelerator
 
     chips = torch.accelerator.device_count()
     assert TorchTPUAccelerator.auto_device_count() == chips  # no launcher: the chips this process sees
@@ -383,7 +383,7 @@ def _fit(strategy: object) -> L.Trainer:
 
 
 def test_an_existing_process_group_is_reused_with_its_backend(existing_group):
-    from torchtpu_plugins.strategies import TorchTPUDDPStrategy
+    from torchtpu_plugins.strategies.ddp import TorchTPUDDPStrategy
 
     # the strategy is told "gloo", but the group that exists is "tpu_dist": that one is used, and said
     trainer = _fit(TorchTPUDDPStrategy(process_group_backend="gloo"))

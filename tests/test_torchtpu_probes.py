@@ -96,8 +96,8 @@ def test_tpu_is_not_available_with_its_reason_within_seconds_and_nothing_sent(cu
     loaded = sorted(name for name in ("torch_tpu", "torch_tpu._loader") if name in sys.modules)
     started = time.monotonic()
     after_torch = manager.call_first("trainer_plugins_accelerator_available", name="torchtpu")[1]
-    from torchtpu_plugins import _device
-    reason = _device.unavailable_reason()
+    from torchtpu_plugins.runtime import _probes
+    reason = _probes.unavailable_reason()
     after_torch_s = time.monotonic() - started
     import lightning
     errors = {}
@@ -193,7 +193,8 @@ def test_launch_environment_agrees_with_set_tpu_launch_env(cut_off, tmp_path):
     code = f"""
     import json, os, sys
     import torch
-    from torchtpu_plugins import _launch_env, _pci
+    from torchtpu_plugins.roles import _launch_environment
+    from torchtpu_plugins.runtime import _pci
     layouts = {[(name, variables, nnodes, nproc) for name, variables, nnodes, nproc in LAYOUTS]!r}
     def answer(function):
         try:
@@ -206,9 +207,9 @@ def test_launch_environment_agrees_with_set_tpu_launch_env(cut_off, tmp_path):
         if child == 0:
             os.environ.update(variables)
             before = dict(os.environ)
-            theirs = answer(lambda: _launch_env.from_torch_tpu(nnodes, nproc))
+            theirs = answer(lambda: _launch_environment.from_torch_tpu(nnodes, nproc))
             untouched = dict(os.environ) == before
-            ours = answer(lambda: _launch_env.derive(dict(os.environ), nnodes, nproc, _pci.tpu_chips()))
+            ours = answer(lambda: _launch_environment.derive(dict(os.environ), nnodes, nproc, _pci.tpu_chips()))
             os.write(write, json.dumps([name, theirs, ours, untouched]).encode())
             os._exit(0)
         os.close(write)
@@ -263,15 +264,15 @@ def test_hook_answers_for_an_outside_launcher_only_what_every_worker_derives_ali
     code = """
     import json, os
     import torch
-    from torchtpu_plugins import _launch_env
+    from torchtpu_plugins.roles import _launch_environment
     found = {}
     os.environ.update({"TPU_WORKER_HOSTNAMES": "t-0,t-1", "JOB_COMPLETION_INDEX": "0"})
-    found["outside, two hosts"] = _launch_env.for_run(2, 4, started_externally=True)
-    found["ours, two hosts"] = sorted(_launch_env.for_run(2, 4, started_externally=False))
+    found["outside, two hosts"] = _launch_environment.for_run(2, 4, started_externally=True)
+    found["ours, two hosts"] = sorted(_launch_environment.for_run(2, 4, started_externally=False))
     for name in ("TPU_WORKER_HOSTNAMES", "JOB_COMPLETION_INDEX"):
         del os.environ[name]
     try:
-        _launch_env.for_run(1, 4, started_externally=True)
+        _launch_environment.for_run(1, 4, started_externally=True)
     except ValueError as error:
         found["outside, one host"] = str(error)
     print(json.dumps(found))

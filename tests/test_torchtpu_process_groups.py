@@ -1,4 +1,4 @@
-"""The "tpu_dist" group beside a launcher's default group without a "tpu" backend (torchtpu_plugins._process_groups).
+"""The "tpu_dist" group beside a launcher's default group without a "tpu" backend (strategies._process_groups).
 
 In this process, on one rank: a default group made before any strategy (as Ray Train makes its gloo group)
 gets a second group on "tpu_dist" that reduces "tpu" tensors, and that group is destroyed by torch's own call.
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchtpu_plugins import _process_groups
+from torchtpu_plugins.strategies import _process_groups
 
 pytestmark = pytest.mark.torchtpu
 

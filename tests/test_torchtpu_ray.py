@@ -112,7 +112,7 @@ def test_rays_result_checkpoint_loads_on_cpu_with_the_trained_weights(runs):
 
 def test_prepare_trainer_refuses_lightnings_and_our_ddp_strategies(runs):
     """prepare_trainer only checks classes (Ray's own strategies, RayLightningEnvironment): not needed."""
-    for run, strategy in ((runs["tpu"], "torchtpu_plugins.strategies.TorchTPUDDPStrategy"),
+    for run, strategy in ((runs["tpu"], "torchtpu_plugins.strategies.ddp.TorchTPUDDPStrategy"),
                           (runs["cpu"], "lightning.pytorch.strategies.ddp.DDPStrategy")):  # fmt: skip
         assert run["trainer"]["prepare_trainer"] == (
             f"Invalid strategy class: <class '{strategy}'>. To use PyTorch Lightning with Ray, the strategy object"

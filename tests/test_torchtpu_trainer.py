@@ -159,9 +159,9 @@ def test_fabric_strategies_by_lightnings_name_on_tpu_are_this_plugins(name, stra
 
 @pytest.mark.parametrize("name", ["auto", "ddp"])
 def test_two_devices_counted_by_a_mock_get_ddp_on_tpu_from_auto_and_from_ddp(name, monkeypatch):
-    from torchtpu_plugins import _device
+    from torchtpu_plugins.runtime import _probes
 
-    monkeypatch.setattr(_device, "device_count", lambda: 2)  # the stand-in of this process reports one device
+    monkeypatch.setattr(_probes, "device_count", lambda: 2)  # the stand-in of this process reports one device
     trainer = L.Trainer(accelerator="tpu", devices="auto", strategy=name, logger=False)
     assert type(trainer.strategy).__name__ == "TorchTPUDDPStrategy"
     assert trainer.strategy.parallel_devices == [torch.device("tpu", 0), torch.device("tpu", 1)]
@@ -186,7 +186,7 @@ def test_lightnings_names_with_no_tpu_form_are_refused_naming_those_that_run(nam
 def test_a_strategy_instance_is_used_as_given_and_lightnings_own_ddp_instance_refused():
     from lightning.pytorch.strategies import DDPStrategy
 
-    from torchtpu_plugins.strategies import TorchTPUDDPStrategy
+    from torchtpu_plugins.strategies.ddp import TorchTPUDDPStrategy
 
     mine = TorchTPUDDPStrategy(start_method="spawn")
     assert L.Trainer(accelerator="tpu", devices=1, strategy=mine, logger=False).strategy is mine
@@ -206,7 +206,7 @@ def test_an_unsupported_precision_on_tpu_is_refused_naming_the_valid_ones():
 
 
 def test_no_tpu_device_registered_mocked_says_not_available_and_why(monkeypatch):
-    from torchtpu_plugins.accelerator import TorchTPUAccelerator
+    from torchtpu_plugins.roles.accelerator import TorchTPUAccelerator
 
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args, **kwargs: None)
     assert not TorchTPUAccelerator.is_available()

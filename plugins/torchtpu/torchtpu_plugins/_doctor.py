@@ -7,7 +7,9 @@ from importlib.metadata import PackageNotFoundError, requires, version
 
 from packaging.requirements import Requirement
 
-from torchtpu_plugins import _autoload, _device, _launch_env, _pci
+from torchtpu_plugins import _autoload
+from torchtpu_plugins.roles import _launch_environment
+from torchtpu_plugins.runtime import _pci, _probes
 
 #: Read by torch or torch-tpu once, when ``import torch`` loads the backends: set them before it, or not at all.
 BEFORE_IMPORT_TORCH = ("TORCH_DEVICE_BACKEND_AUTOLOAD", _autoload.VARIABLE)
@@ -41,7 +43,7 @@ def describe() -> dict[str, object]:
     runtime (not verified on TPU).
     """
     torch_tpu = _version_or("torch-tpu")
-    if torch_tpu != "not installed" and not _launch_env.torch_tpu_installed():
+    if torch_tpu != "not installed" and not _launch_environment.torch_tpu_installed():
         torch_tpu += " (not Google's: no torch.backends entry point torch_tpu._loader:load)"
     chips = _pci.tpu_chips()
     info: dict[str, object] = {
@@ -57,13 +59,13 @@ def describe() -> dict[str, object]:
         "set before `import torch`": f"{', '.join(BEFORE_IMPORT_TORCH)} (read once, when torch loads its backends)",
         "set before the workers start": ", ".join(
             f"{name}={os.environ[name]!r}" if name in os.environ else f"{name} unset (derived when a run starts)"
-            for name in _launch_env.WORKER_VARIABLES
+            for name in _launch_environment.WORKER_VARIABLES
         ),
         "stand-in device": f"{_autoload.VARIABLE}={os.environ[_autoload.VARIABLE]}"
         if os.environ.get(_autoload.VARIABLE)
         else f"off ({_autoload.VARIABLE} unset)",
     }
-    reason = _device.unavailable_reason()
-    info["'tpu' devices"] = _device.device_count() if reason is None else f"none ({reason})"
+    reason = _probes.unavailable_reason()
+    info["'tpu' devices"] = _probes.device_count() if reason is None else f"none ({reason})"
     info["available"] = "yes" if reason is None else "no"
     return info

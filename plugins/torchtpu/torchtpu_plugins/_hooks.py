@@ -50,8 +50,8 @@ def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
     return [
         AcceleratorEntry(
             "torchtpu",
-            trainer=f"{_PKG}.accelerator:TorchTPUAccelerator",
-            fabric=f"{_PKG}.accelerator:TorchTPUAccelerator",
+            trainer=f"{_PKG}.roles.accelerator:TorchTPUAccelerator",
+            fabric=f"{_PKG}.roles.accelerator:TorchTPUAccelerator",
             description="TorchTPU's native 'tpu' device (torch_tpu, or the stand-in TORCHTPU_PLUGINS_DEVICE=cpu)",
             aliases=("tpu",),
             auto_priority=90,
@@ -65,29 +65,29 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
     return [
         StrategyEntry(
             SINGLE_STRATEGY,
-            trainer=f"{_PKG}.strategies:TorchTPUSingleDeviceStrategy",
-            fabric=f"{_PKG}.strategies:FabricTorchTPUSingleDeviceStrategy",
+            trainer=f"{_PKG}.strategies.single_device:TorchTPUSingleDeviceStrategy",
+            fabric=f"{_PKG}.strategies.single_device:FabricTorchTPUSingleDeviceStrategy",
             description="one 'tpu' device, one process",
         ),
         StrategyEntry(
             DDP_STRATEGY,
-            trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
-            fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
+            trainer=f"{_PKG}.strategies.ddp:TorchTPUDDPStrategy",
+            fabric=f"{_PKG}.strategies.ddp:FabricTorchTPUDDPStrategy",
             description="DDP over 'tpu_dist', one process per 'tpu' device, no device_ids",
             distributed=True,
         ),
         StrategyEntry(
             DDP_SPAWN_STRATEGY,
-            trainer=f"{_PKG}.strategies:TorchTPUDDPStrategy",
-            fabric=f"{_PKG}.strategies:FabricTorchTPUDDPStrategy",
+            trainer=f"{_PKG}.strategies.ddp:TorchTPUDDPStrategy",
+            fabric=f"{_PKG}.strategies.ddp:FabricTorchTPUDDPStrategy",
             description="DDP over 'tpu_dist', one spawned process per 'tpu' device, no device_ids",
             distributed=True,
             init_kwargs={"start_method": "spawn"},
         ),
         StrategyEntry(
             FSDP_STRATEGY,
-            trainer=f"{_PKG}.strategies:TorchTPUFSDPStrategy",
-            fabric=f"{_PKG}.strategies:FabricTorchTPUFSDPStrategy",
+            trainer=f"{_PKG}.strategies.fsdp:TorchTPUFSDPStrategy",
+            fabric=f"{_PKG}.strategies.fsdp:FabricTorchTPUFSDPStrategy",
             description="FSDP2 (fully_shard) on a 'tpu' DeviceMesh, Lightning's ModelParallelStrategy",
             distributed=True,
         ),
@@ -98,13 +98,13 @@ def trainer_plugins_strategies() -> list[StrategyEntry]:
 def trainer_plugins_accelerator_available(name: str) -> Optional[bool]:
     if name not in ACCELERATOR_NAMES:
         return None
-    from torchtpu_plugins import _device
+    from torchtpu_plugins.runtime import _probes
 
-    return _device.probably_available()
+    return _probes.probably_available()
 
 
 def _is_torchtpu_accelerator(accelerator: Any) -> bool:
-    return isinstance(accelerator, resolve_in(f"{_PKG}.accelerator:TorchTPUAccelerator", package_of(accelerator)))
+    return isinstance(accelerator, resolve_in(f"{_PKG}.roles.accelerator:TorchTPUAccelerator", package_of(accelerator)))
 
 
 def _ddp_strategies(api: str, package: str) -> tuple[type, type]:
@@ -112,11 +112,11 @@ def _ddp_strategies(api: str, package: str) -> tuple[type, type]:
     if api == "trainer":
         return (
             resolve_in("lightning.pytorch.strategies:DDPStrategy", package),
-            resolve_in(f"{_PKG}.strategies:TorchTPUDDPStrategy", package),
+            resolve_in(f"{_PKG}.strategies.ddp:TorchTPUDDPStrategy", package),
         )
     return (
         resolve_in("lightning.fabric.strategies:DDPStrategy", package),
-        resolve_in(f"{_PKG}.strategies:FabricTorchTPUDDPStrategy", package),
+        resolve_in(f"{_PKG}.strategies.ddp:FabricTorchTPUDDPStrategy", package),
     )
 
 
@@ -156,7 +156,7 @@ def trainer_plugins_strategy_for_name(name: str, accelerator: Any, api: str) -> 
 def trainer_plugins_select_precision(accelerator: Any, precision: str, precision_input: Any, api: str) -> Any:
     if not _is_torchtpu_accelerator(accelerator):
         return None
-    from torchtpu_plugins import precision as precisions
+    from torchtpu_plugins.roles import precision as precisions
 
     return precisions.build(precision, precision_input, api, package_of(accelerator))
 
@@ -185,13 +185,13 @@ def trainer_plugins_launch_environment(
 ) -> Optional[dict[str, str]]:
     """TorchTPU's job-wide variables (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, ...), by torch-tpu's rule.
 
-    See :func:`torchtpu_plugins._launch_env.for_run`; the core sets only those still unset.
+    See :func:`torchtpu_plugins.roles._launch_environment.for_run`; the core sets only those still unset.
     """
     if not _is_torchtpu_accelerator(accelerator):
         return None
-    from torchtpu_plugins import _launch_env
+    from torchtpu_plugins.roles import _launch_environment
 
-    return _launch_env.for_run(num_nodes, processes_per_node, started_externally)
+    return _launch_environment.for_run(num_nodes, processes_per_node, started_externally)
 
 
 @hookimpl

@@ -30,8 +30,8 @@ def trainer_plugins_accelerators() -> list[AcceleratorEntry]:
     return [
         AcceleratorEntry(
             "xla",
-            trainer=f"{_PKG}.accelerator:XLAAccelerator",
-            fabric=f"{_PKG}.accelerator:XLAAccelerator",
+            trainer=f"{_PKG}.roles.accelerator:XLAAccelerator",
+            fabric=f"{_PKG}.roles.accelerator:XLAAccelerator",
             description="XLA devices through torch_xla's PJRT runtime (TPU, CPU, ...)",
             aliases=("tpu",),
             auto_priority=100,
@@ -88,8 +88,8 @@ def trainer_plugins_precisions() -> list[PrecisionEntry]:
     return [
         PrecisionEntry(
             "xla",
-            trainer=f"{_PKG}.precision:XLAPrecision",
-            fabric=f"{_PKG}.precision:FabricXLAPrecision",
+            trainer=f"{_PKG}.roles.precision:XLAPrecision",
+            fabric=f"{_PKG}.roles.precision:FabricXLAPrecision",
             description="true 32/16/bf16 precision on XLA",
             precisions=("32-true", "16-true", "bf16-true"),
             override=True,
@@ -102,8 +102,8 @@ def trainer_plugins_environments() -> list[EnvironmentEntry]:
     return [
         EnvironmentEntry(
             "xla",
-            trainer=f"{_PKG}.environment:XLAEnvironment",
-            fabric=f"{_PKG}.environment:XLAEnvironment",
+            trainer=f"{_PKG}.roles.environment:XLAEnvironment",
+            fabric=f"{_PKG}.roles.environment:XLAEnvironment",
             description="world size and ranks from torch_xla.runtime",
             override=True,
         )
@@ -181,7 +181,7 @@ def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_
     if not (_is_xla_accelerator(accelerator) or isinstance(strategy, _xla_strategies(api, package).every)):
         return None
     name = "XLAPrecision" if api == "trainer" else "FabricXLAPrecision"
-    precision_class = resolve_in(f"{_PKG}.precision:{name}", package)
+    precision_class = resolve_in(f"{_PKG}.roles.precision:{name}", package)
     return precision_class("32-true" if precision_input is None else precision_input)
 
 
@@ -189,7 +189,7 @@ def trainer_plugins_select_precision(accelerator: Any, strategy: Any, precision_
 def trainer_plugins_select_environment(accelerator: Any) -> Any:
     if not _is_xla_accelerator(accelerator):
         return None
-    return resolve_in(f"{_PKG}.environment:process_environment", package_of(accelerator))()
+    return resolve_in(f"{_PKG}.roles.environment:process_environment", package_of(accelerator))()
 
 
 @hookimpl

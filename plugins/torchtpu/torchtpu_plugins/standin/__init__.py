@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchtpu_plugins import _torch_contract
+from torchtpu_plugins.runtime import _torch_contract
 
 #: The device name TorchTPU gives PrivateUse1.
 DEVICE = "tpu"
@@ -33,7 +33,7 @@ def install() -> None:
 
     Raises:
         RuntimeError: another backend holds PrivateUse1 already (named, with how to keep it out), or
-            the installed torch lacks a name of :data:`torchtpu_plugins._torch_contract.NAMES`.
+            the installed torch lacks a name of :data:`torchtpu_plugins.runtime._torch_contract.NAMES`.
     """
     if installed():
         return

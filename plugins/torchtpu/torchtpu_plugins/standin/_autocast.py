@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from torchtpu_plugins import _torch_contract
+from torchtpu_plugins.runtime import _torch_contract
 
 #: Ops run in the autocast dtype (matrix products and convolutions).
 LOWER_PRECISION = (

@@ -16,7 +16,7 @@ import ctypes
 import torch
 import torch.utils.dlpack
 
-from torchtpu_plugins import _torch_contract
+from torchtpu_plugins.runtime import _torch_contract
 
 #: DLPack's device type of an extension device, which torch's ``from_dlpack`` maps to PrivateUse1.
 _DL_EXT_DEV = 12

@@ -23,7 +23,7 @@ def probably_available() -> bool:
     With torch imported, the answer of :func:`unavailable_reason`. Before (``trainer-plugins list``, a probe
     run in a fresh process), from files: the stand-in's variable set, or torch-tpu installed on a host with
     a TPU chip on its PCI bus and its ``/dev/vfio`` group (TorchTPU's own condition to start,
-    :func:`torchtpu_plugins._pci.tpu_chips`). With
+    :func:`torchtpu_plugins.runtime._pci.tpu_chips`). With
     ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` torch loads neither, so the answer is false.
     """
     if "torch" in sys.modules:
@@ -34,9 +34,10 @@ def probably_available() -> bool:
         return False
     if os.environ.get(VARIABLE) in VALUES:
         return True
-    from torchtpu_plugins import _launch_env, _pci
+    from torchtpu_plugins.roles import _launch_environment
+    from torchtpu_plugins.runtime import _pci
 
-    return _launch_env.torch_tpu_installed() and bool(_pci.tpu_chips())
+    return _launch_environment.torch_tpu_installed() and bool(_pci.tpu_chips())
 
 
 def unavailable_reason() -> Optional[str]:
@@ -52,9 +53,10 @@ def unavailable_reason() -> Optional[str]:
     from torchtpu_plugins._autoload import VARIABLE
 
     seen = "no accelerator" if accelerator is None else f"the accelerator {accelerator.type!r}"
-    from torchtpu_plugins import _launch_env, _pci
+    from torchtpu_plugins.roles import _launch_environment
+    from torchtpu_plugins.runtime import _pci
 
-    if not _launch_env.torch_tpu_installed():
+    if not _launch_environment.torch_tpu_installed():
         return (
             f"torch reports {seen}: torch-tpu (TorchTPU) is not installed and the stand-in device is off"
             f" (set {VARIABLE}=cpu before `import torch` for the CPU-backed stand-in)"

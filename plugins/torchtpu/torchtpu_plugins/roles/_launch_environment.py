@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Optional
 
-from torchtpu_plugins import _autoload, _pci
+from torchtpu_plugins import _autoload
+from torchtpu_plugins.runtime import _pci
 
 SLICEBUILDER = "TORCH_TPU_SLICEBUILDER_ADDRESSES"
 TOPOLOGY = "TORCH_TPU_TOPOLOGY"
@@ -77,7 +78,7 @@ def derive(
         environ: the variables as they are (``os.environ``); never changed.
         nnodes: hosts of the job, or ``None`` (from ``TPU_WORKER_HOSTNAMES``).
         nproc_per_node: processes on each host, or ``None`` (the chips here).
-        chips: the TPU chips on this host (:func:`torchtpu_plugins._pci.tpu_chips`).
+        chips: the TPU chips on this host (:func:`torchtpu_plugins.runtime._pci.tpu_chips`).
         pick_port: gives an unused local TCP port (single host).
 
     Raises:

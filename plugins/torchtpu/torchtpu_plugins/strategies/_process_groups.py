@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from torchtpu_plugins._device import DEVICE_TYPE
+from torchtpu_plugins.runtime._probes import DEVICE_TYPE
 
 
 def default_backend() -> str:

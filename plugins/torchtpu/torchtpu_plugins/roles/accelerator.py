@@ -19,7 +19,7 @@ from lightning.fabric.utilities.types import _DEVICE
 from lightning.pytorch.accelerators.accelerator import Accelerator
 from typing_extensions import override
 
-from torchtpu_plugins import _device
+from torchtpu_plugins.runtime import _probes
 
 #: The variable through which torchrun and Ray Train give each worker the number of workers on its host.
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
@@ -52,9 +52,9 @@ def launcher_local_world_size() -> Optional[tuple[int, str]]:
 def _devices_here() -> tuple[int, str]:
     """(the devices of this host, where that number comes from), see the module's docstring; 0 without a device."""
     launched = launcher_local_world_size()
-    if launched is not None and _device.device_count() > 0:
+    if launched is not None and _probes.device_count() > 0:
         return launched[0], f"the processes the launcher started on this host, {launched[1]}={launched[0]}"
-    return _device.device_count(), "the 'tpu' devices torch.accelerator reports"
+    return _probes.device_count(), "the 'tpu' devices torch.accelerator reports"
 
 
 class TorchTPUAccelerator(Accelerator):
@@ -70,7 +70,7 @@ class TorchTPUAccelerator(Accelerator):
     """
 
     def __init__(self) -> None:
-        reason = _device.unavailable_reason()
+        reason = _probes.unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"accelerator 'tpu' (TorchTPU) is not available: {reason}")
         super().__init__()
@@ -82,7 +82,7 @@ class TorchTPUAccelerator(Accelerator):
         Raises:
             ValueError: ``device`` is of another type.
         """
-        if device.type != _device.DEVICE_TYPE:
+        if device.type != _probes.DEVICE_TYPE:
             raise ValueError(f"the TorchTPU accelerator runs on 'tpu' devices, got {device}")
 
     @override
@@ -117,7 +117,7 @@ class TorchTPUAccelerator(Accelerator):
     @override
     def get_parallel_devices(devices: Union[int, str, list[int]]) -> list[torch.device]:
         """One ``torch.device("tpu", i)`` per process of the run (each process binds its own, see the strategies)."""
-        return [torch.device(_device.DEVICE_TYPE, index) for index in range(TorchTPUAccelerator.parse_devices(devices))]
+        return [torch.device(_probes.DEVICE_TYPE, index) for index in range(TorchTPUAccelerator.parse_devices(devices))]
 
     @staticmethod
     @override
@@ -134,12 +134,12 @@ class TorchTPUAccelerator(Accelerator):
     @override
     def is_available() -> bool:
         """Whether ``torch.accelerator`` names ``"tpu"`` in this process (never starts the device)."""
-        return _device.unavailable_reason() is None
+        return _probes.unavailable_reason() is None
 
     @staticmethod
     @override
     def name() -> str:
-        return _device.DEVICE_TYPE
+        return _probes.DEVICE_TYPE
 
     @classmethod
     @override

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtpu_plugins import _device
+from torchtpu_plugins.runtime import _probes
 
 #: The precision strings the TorchTPU accelerator runs.
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed")
@@ -39,7 +39,7 @@ def build(precision: str, precision_input: Any, api: str, package: str = "lightn
     if precision == "bf16-true":
         return lightning_class("HalfPrecision")("bf16-true")
     if precision == "bf16-mixed":
-        return lightning_class("MixedPrecision")("bf16-mixed", device=_device.DEVICE_TYPE)
+        return lightning_class("MixedPrecision")("bf16-mixed", device=_probes.DEVICE_TYPE)
     raise ValueError(
         f"precision={precision_input!r} is not supported on accelerator 'tpu' (TorchTPU);"
         f" valid: {', '.join(PRECISIONS)}"
