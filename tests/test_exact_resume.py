@@ -495,6 +495,48 @@ def test_positions_naming_more_loader_states_than_the_checkpoint_holds_are_refus
         resumable(checkpoint)
 
 
+@pytest.mark.xla
+def test_positions_under_an_earlier_key_are_read_only_once_a_plugin_accepts_the_key(monkeypatch):
+    """The core names no backend's key; a plugin adds the key its earlier checkpoints used (accept_earlier_key)."""
+    from trainer_plugins.long_runs import _loader_position
+    from trainer_plugins.long_runs._loader_position import CHECKPOINT_KEY, accept_earlier_key, portable, resumable
+
+    monkeypatch.setattr(_loader_position, "EARLIER_CHECKPOINT_KEYS", [])
+    plain = state_after([torch.tensor([i]) for i in range(4)], trained=1)
+    own = state_after(OwnPosition([torch.tensor([i]) for i in range(4)]), trained=1)
+
+    def written_under(key: str) -> dict:
+        saved = portable(checkpoint_with(plain, own))
+        saved[key] = saved.pop(CHECKPOINT_KEY)
+        return saved
+
+    assert resumable(written_under("my_backend_positions"))["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [
+        {"start": 2}
+    ]  # not accepted: left as it was (as plain Lightning reads it)
+    accept_earlier_key("my_backend_positions")
+    accept_earlier_key("my_backend_positions")  # again: nothing changes
+    assert _loader_position.EARLIER_CHECKPOINT_KEYS == ["my_backend_positions"]
+    read = resumable(written_under("my_backend_positions"))
+    assert read["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [plain, own]
+    for bad in ("", CHECKPOINT_KEY, None):
+        with pytest.raises(ValueError, match=f"accept_earlier_key\\({bad!r}\\)"):
+            accept_earlier_key(bad)
+
+
+@pytest.mark.xla
+def test_the_xla_strategies_read_the_positions_of_checkpoints_written_before_they_moved_to_the_core():
+    """xla-plugins wrote them under "xla_plugins_loader_positions"; its Trainer strategies accept that key."""
+    from trainer_plugins.long_runs import _loader_position
+    from trainer_plugins.long_runs._loader_position import CHECKPOINT_KEY, portable, resumable
+    from xla_plugins.strategies import single_xla  # noqa: F401  (what a Trainer on XLA imports)
+
+    assert "xla_plugins_loader_positions" in _loader_position.EARLIER_CHECKPOINT_KEYS
+    plain = state_after([torch.tensor([i]) for i in range(4)], trained=1)
+    saved = portable(checkpoint_with(plain))
+    saved["xla_plugins_loader_positions"] = saved.pop(CHECKPOINT_KEY)
+    assert resumable(saved)["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [plain]
+
+
 def two_shuffled_loaders_drawn(wrap: Any) -> list:
     """Three batches of each of two shuffled loaders wrapped by ``wrap``, fetched as Lightning's CombinedLoader does."""
     torch.manual_seed(5)

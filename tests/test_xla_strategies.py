@@ -290,3 +290,16 @@ def test_parse_devices_accepts_auto_and_lists_the_choices_for_unreadable_strings
     assert xla_plugins.XLAAccelerator.parse_devices("auto") == count
     with pytest.raises(ValueError, match=r"`devices` can only be 'auto', 1 or \[0\] for XLA, got '\[0\]'\. The PJRT"):
         xla_plugins.XLAAccelerator.parse_devices("[0]")
+
+
+def test_every_class_the_docs_name_at_the_package_root_is_exported_from_its_folder():
+    """``xla_plugins.<Name>`` is the stable path of what users build or catch, whichever folder holds the class."""
+    import re
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    named = {m for f in docs.glob("*.md") for m in re.findall(r"`xla_plugins\.([A-Z]\w+)", f.read_text())}
+    assert {"LateCompilationWarning", "WorkerDiedError", "XLAProgressBar"} <= named <= set(xla_plugins.__all__)
+    for name in xla_plugins.__all__:
+        exported = getattr(xla_plugins, name)
+        assert exported.__name__ == name and exported.__module__.startswith("xla_plugins."), name

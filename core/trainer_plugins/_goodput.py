@@ -1,7 +1,7 @@
 """The goodput ledger of a ``fit``: where its wall time went, for its loggers, console, checkpoints and run directory.
 
-A backend's strategy keeps one for each ``fit`` (the XLA plugin's Trainer strategies do, see
-``xla_plugins.long_runs._goodput``): :func:`start_ledger` and :meth:`GoodputLedger.watch` when the
+A backend's strategy keeps one for each ``fit`` (a backend plugin's Trainer strategies, through
+a mixin of their own): :func:`start_ledger` and :meth:`GoodputLedger.watch` when the
 strategy sets up its environment, :meth:`GoodputLedger.interrupted` from its ``on_exception``,
 :meth:`GoodputLedger.finish` at its teardown. The core's checkpoint connector
 (``trainer_plugins._lightning_checkpoint``) times the restore and puts the ledger into every

@@ -175,8 +175,7 @@ def contract_violations(
         package: ``"lightning"`` or ``"pytorch_lightning"`` (``pytorch_lightning``/``lightning_fabric``).
         methods: the private methods to check, written against ``lightning``; default the core's
             own (:data:`METHODS`). A plugin that relies on private Lightning names lists them the
-            same way and checks them with this function (the XLA plugin's are in
-            ``xla_plugins._lightning_contract``).
+            same way and checks them with this function from its tests.
         attributes: the private attributes to check, likewise; default :data:`ATTRIBUTES`.
 
     Returns:

@@ -137,7 +137,7 @@ def strategies_of_accelerator_plugin(catalog: Catalog, api: str, accelerator: An
 
     Appended to Lightning's refusal of a strategy for a plugin's accelerator (Lightning's
     ``_check_strategy_and_fallback``: ``strategy="fsdp"`` asks for a GPU), so that the message
-    names the choices that work, for example ``"xla_fsdp_v2"`` for ``"fsdp"`` on XLA.
+    names the choices that work (the plugin's own strategy names for what Lightning's name asks).
 
     Args:
         catalog: the declared names.

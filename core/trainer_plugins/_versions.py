@@ -20,7 +20,7 @@ def unsupported_versions(distribution: str, names: Optional[Iterable[str]] = Non
     are not reported here (selecting the backend reports them).
 
     Args:
-        distribution: an installed distribution (``"trainer-plugins"``, ``"xla-plugins"``).
+        distribution: an installed distribution (``"trainer-plugins"``, ``"lightning"``).
         names: only these dependencies (distribution names); default all of them.
 
     Returns:

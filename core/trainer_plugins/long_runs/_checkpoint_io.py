@@ -7,7 +7,7 @@ marked complete by the commit marker ``<path>.commit`` holding its size in bytes
 (:func:`~trainer_plugins.long_runs._commits.is_committed`). :class:`BackgroundCheckpointIO` builds on
 Lightning's ``AsyncCheckpointIO``: the training thread copies the state to the host and returns, a
 writer thread writes it, at most one write is in flight. A backend whose device copies or sharded
-checkpoints need more subclasses both (xla-plugins' ``checkpoint_io`` does).
+checkpoints need more subclasses both in its own plugin.
 """
 
 from __future__ import annotations

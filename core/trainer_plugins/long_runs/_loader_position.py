@@ -71,8 +71,27 @@ LOOP_START_TIMEOUT_S = 600
 
 #: The checkpoint's top-level key for the training loaders' positions (Lightning leaves keys it does not know).
 CHECKPOINT_KEY = "loader_positions"
-#: The key under which checkpoints written before the positions' code moved to the core hold them (still read).
-EARLIER_CHECKPOINT_KEYS = ("xla_plugins_loader_positions",)
+#: Other keys under which earlier checkpoints hold the positions, read where :data:`CHECKPOINT_KEY` is absent
+#: (:func:`accept_earlier_key`; a backend plugin whose checkpoints had a key of its own adds it).
+EARLIER_CHECKPOINT_KEYS: list[str] = []
+
+
+def accept_earlier_key(key: str) -> None:
+    """Read the loaders' positions of a checkpoint under ``key`` too, where :data:`CHECKPOINT_KEY` is absent.
+
+    For a backend plugin whose checkpoints held the positions under a key of its own before the code
+    moved here; calling it again changes nothing.
+
+    Args:
+        key: a top-level checkpoint key other than :data:`CHECKPOINT_KEY`, e.g. ``"my_backend_loader_positions"``.
+
+    Raises:
+        ValueError: ``key`` is empty, not a string, or :data:`CHECKPOINT_KEY` itself.
+    """
+    if not isinstance(key, str) or not key or key == CHECKPOINT_KEY:
+        raise ValueError(f"accept_earlier_key({key!r}): give a checkpoint key other than {CHECKPOINT_KEY!r}.")
+    if key not in EARLIER_CHECKPOINT_KEYS:
+        EARLIER_CHECKPOINT_KEYS.append(key)
 
 
 class InexactResumeWarning(UserWarning):

@@ -43,7 +43,7 @@ def describe() -> dict[str, object]:
     runtime (not verified on TPU).
     """
     torch_tpu = _version_or("torch-tpu")
-    if torch_tpu != "not installed" and not _launch_environment.torch_tpu_installed():
+    if torch_tpu != "not installed" and not _probes.torch_tpu_installed():
         torch_tpu += " (not Google's: no torch.backends entry point torch_tpu._loader:load)"
     chips = _pci.tpu_chips()
     info: dict[str, object] = {

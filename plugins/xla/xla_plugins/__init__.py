@@ -1,9 +1,10 @@
 """xla-plugins: the XLA (torch_xla / PJRT) backend of trainer-plugins.
 
 After ``pip install xla-plugins``, ``lightning.Trainer(accelerator="tpu" | "xla", ...)`` uses the
-classes below without any import in user code. They are exported here for people who build them
-explicitly; each is imported on first access, so importing this package imports neither torch,
-Lightning nor torch_xla.
+classes below without any import in user code. They are exported here, whichever folder of the
+package holds them, for people who build them explicitly or name them (the warnings and errors a run
+may raise, to filter or catch); each is imported on first access, so importing this package imports
+neither torch, Lightning nor torch_xla.
 """
 
 from importlib import import_module
@@ -26,7 +27,18 @@ _EXPORTS = {
     "xla_plugins.strategies.xla": ("FabricXLAStrategy", "XLAStrategy"),
     "xla_plugins.strategies.xla_spmd": ("FabricXLASPMDStrategy", "XLASPMDStrategy"),
     "xla_plugins.strategies.xla_fsdp_v2": ("FabricXLAFSDPv2Strategy", "XLAFSDPv2Strategy"),
-    "xla_plugins.strategies.launchers": ("FabricXLALauncher", "WorkerTraceback", "XLALauncher"),
+    "xla_plugins.strategies.launchers": (
+        "FabricXLALauncher",
+        "ReplicaHangError",
+        "WorkerDiedError",
+        "WorkerTraceback",
+        "XLALauncher",
+    ),
+    "xla_plugins.checkpoints.checkpoint_io": ("AtomicXLACheckpointIO", "BackgroundXLACheckpointIO"),
+    "xla_plugins.compilation.compile_monitor": ("CompileMonitor",),
+    "xla_plugins.compilation.recompile_budget": ("LateCompilationError", "LateCompilationWarning"),
+    "xla_plugins.compilation.compile_cache": ("CompileCacheWarning",),
+    "xla_plugins.loop.progress": ("XLAProgressBar",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -30,13 +30,13 @@ that raised: the monitor then has no teardown).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import lightning_utilities.core.rank_zero as rank_zero_module
 
 from trainer_plugins import RunLedger, _variables, goodput_summary_line, goodput_table_lines
 from trainer_plugins._goodput_ledger import needs_attention
-from xla_plugins.compilation.compile_reports import summary_lines
 
 #: Variable that chooses what a run prints at its end: ``line`` (default), ``tables`` or ``off``.
 SUMMARY_VARIABLE = "XLA_PLUGINS_SUMMARY"
@@ -77,7 +77,9 @@ def ledger_finished(trainer: Any, ledger: RunLedger) -> None:
         log_lines(end_lines("fit", f"fit ended at trainer.global_step={trainer.global_step}", None, ledger))
 
 
-def run_ended(trainer: Any, stage: str, done: str, summary: dict[str, Any], global_zero: bool) -> None:
+def run_ended(
+    trainer: Any, stage: str, done: str, summary: dict[str, Any], table: Sequence[str], global_zero: bool
+) -> None:
     """The monitored run of ``trainer`` ends (the monitor's ``teardown``): global rank 0 logs its end.
 
     Args:
@@ -85,15 +87,25 @@ def run_ended(trainer: Any, stage: str, done: str, summary: dict[str, Any], glob
         stage: ``"fit"``, ``"validate"``, ``"test"``, ``"predict"`` or ``"fabric"``.
         done: what the run did, in Lightning's counts (``"fit ended at trainer.global_step=64"``).
         summary: the compile monitor's summary (``CompileMonitor.summary``).
+        table: the compile monitor's table of ``summary``, one string a line (``compile_reports.summary_lines``).
         global_zero: whether this replica is global rank 0 (the only one that logs).
     """
     ledger = _monitored.pop(trainer, None) if trainer is not None else None
     if global_zero:
-        log_lines(end_lines(stage, done, summary, ledger))
+        log_lines(end_lines(stage, done, summary, ledger, table))
 
 
-def end_lines(stage: str, done: str, summary: Optional[dict[str, Any]], ledger: Optional[RunLedger]) -> list[str]:
+def end_lines(
+    stage: str,
+    done: str,
+    summary: Optional[dict[str, Any]],
+    ledger: Optional[RunLedger],
+    table: Sequence[str] = (),
+) -> list[str]:
     """The lines to log at a run's end, by :func:`summary_choice` (see the module docstring).
+
+    ``summary`` and ``table`` are the compile monitor's (``None`` and nothing where none ran), ``ledger``
+    the goodput ledger's record of a ``fit`` (else ``None``).
 
     Raises:
         ValueError: ``XLA_PLUGINS_SUMMARY`` is not one of :data:`SUMMARY_CHOICES`.
@@ -116,7 +128,7 @@ def end_lines(stage: str, done: str, summary: Optional[dict[str, Any]], ledger: 
         parts.append(goodput_summary_line(ledger))
     lines = ["xla-plugins: " + "; ".join(parts)]
     if compile_table and summary is not None:
-        lines += summary_lines(summary)
+        lines += table
     if goodput_table and ledger is not None:
         lines += goodput_table_lines(ledger)
     if choice == "line" and len(lines) == 1:

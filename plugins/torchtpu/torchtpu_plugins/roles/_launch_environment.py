@@ -17,11 +17,11 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 from typing import Optional
 
 from torchtpu_plugins import _autoload
 from torchtpu_plugins.runtime import _pci
+from torchtpu_plugins.runtime._probes import torch_tpu_installed
 
 SLICEBUILDER = "TORCH_TPU_SLICEBUILDER_ADDRESSES"
 TOPOLOGY = "TORCH_TPU_TOPOLOGY"
@@ -33,13 +33,6 @@ LAUNCH_VARIABLES = (XPROF, SLICEBUILDER, "NNODES", "NODE_RANK", "MASTER_ADDR", "
 WORKER_VARIABLES = (SLICEBUILDER, TOPOLOGY)
 #: torch-tpu 0.2.0's defaults: first slice-builder port, devices per host when nothing says, rendezvous port.
 BASE_PORT, DEVICES_PER_HOST, MASTER_PORT = 8070, 8, "29500"
-#: The ``torch.backends`` entry point of Google's torch-tpu (another package also imports as ``torch_tpu``).
-TORCH_TPU_LOADER = "torch_tpu._loader:load"
-
-
-def torch_tpu_installed() -> bool:
-    """Whether Google's torch-tpu is installed (its ``torch.backends`` entry point), read from metadata only."""
-    return any(point.value == TORCH_TPU_LOADER for point in entry_points(group="torch.backends"))
 
 
 def _free_port() -> int:

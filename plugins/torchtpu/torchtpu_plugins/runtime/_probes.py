@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.metadata import entry_points
 from typing import Optional
 
 #: The device type TorchTPU gives PrivateUse1.
 DEVICE_TYPE = "tpu"
+
+
+#: The ``torch.backends`` entry point of Google's torch-tpu (another package also imports as ``torch_tpu``).
+TORCH_TPU_LOADER = "torch_tpu._loader:load"
+
+
+def torch_tpu_installed() -> bool:
+    """Whether Google's torch-tpu is installed (its ``torch.backends`` entry point), read from metadata only."""
+    return any(point.value == TORCH_TPU_LOADER for point in entry_points(group="torch.backends"))
 
 
 def probably_available() -> bool:
@@ -34,10 +44,9 @@ def probably_available() -> bool:
         return False
     if os.environ.get(VARIABLE) in VALUES:
         return True
-    from torchtpu_plugins.roles import _launch_environment
     from torchtpu_plugins.runtime import _pci
 
-    return _launch_environment.torch_tpu_installed() and bool(_pci.tpu_chips())
+    return torch_tpu_installed() and bool(_pci.tpu_chips())
 
 
 def unavailable_reason() -> Optional[str]:
@@ -53,10 +62,9 @@ def unavailable_reason() -> Optional[str]:
     from torchtpu_plugins._autoload import VARIABLE
 
     seen = "no accelerator" if accelerator is None else f"the accelerator {accelerator.type!r}"
-    from torchtpu_plugins.roles import _launch_environment
     from torchtpu_plugins.runtime import _pci
 
-    if not _launch_environment.torch_tpu_installed():
+    if not torch_tpu_installed():
         return (
             f"torch reports {seen}: torch-tpu (TorchTPU) is not installed and the stand-in device is off"
             f" (set {VARIABLE}=cpu before `import torch` for the CPU-backed stand-in)"

@@ -71,7 +71,7 @@ from torch import Tensor
 from trainer_plugins import add_action_listener, remove_action_listener, runs_empty_hook
 from xla_plugins import end_of_run
 from xla_plugins.compilation import compile_cache
-from xla_plugins.compilation.compile_reports import hook_line, report_text, run_summary, shapes_text
+from xla_plugins.compilation.compile_reports import hook_line, report_text, run_summary, shapes_text, summary_lines
 from xla_plugins.compilation.host_reads import (
     READ_METHODS,
     SourceLine,
@@ -443,7 +443,14 @@ class CompileMonitor(Callback):
         Not through ``rank_zero_info``: replicas that are threads of one process share Lightning's
         ``rank_zero_only.rank``, which holds whichever replica set it last (:func:`~xla_plugins.end_of_run.log_lines`).
         """
-        end_of_run.run_ended(trainer, self.summary["stage"], self._done(trainer), self.summary, self._global_zero)
+        end_of_run.run_ended(
+            trainer,
+            self.summary["stage"],
+            self._done(trainer),
+            self.summary,
+            summary_lines(self.summary),
+            self._global_zero,
+        )
 
     def _done(self, trainer: Any) -> str:
         """What the run did in Lightning's counts: ``trainer.global_step`` for ``fit``, else the step calls."""

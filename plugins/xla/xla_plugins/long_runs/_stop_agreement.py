@@ -42,7 +42,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
-from trainer_plugins.long_runs import _stop_settings
+from trainer_plugins.long_runs import _loader_position, _stop_settings
 from trainer_plugins.long_runs._stop_settings import checkpoint_signals, deadline_s, exit_status
 from xla_plugins._logging import log
 from xla_plugins.checkpoints.checkpoint_io import finish_pending_writes
@@ -52,8 +52,10 @@ from xla_plugins.runtime._world import World, leads_its_process, one_rank_per_pr
 if TYPE_CHECKING:
     from torch import Tensor
 
-# the settings' names before they moved to the core, read by every XLA strategy that stops on a signal
+# the names the long-run settings and the checkpoints' loader positions had before they moved to the core,
+# read by every XLA strategy that stops on a signal (the Trainer's XLA strategies all do)
 _stop_settings.accept_aliases("XLA_PLUGINS")
+_loader_position.accept_earlier_key("xla_plugins_loader_positions")
 
 
 def several_hosts(strategy: Any) -> bool:

@@ -152,10 +152,7 @@ class XLAAccelerator(_LightningXLAAccelerator):
     @override
     def is_available() -> bool:  # type: ignore[override]  # Lightning's caches the TPU-only answer
         """Whether torch_xla is installed and its active PJRT device has at least one device."""
-        try:
-            return _probes.device_count() > 0
-        except (ModuleNotFoundError, RuntimeError):
-            return False
+        return _probes.devices_usable()
 
     @override
     def get_device_stats(self, device: _DEVICE) -> dict[str, Any]:

@@ -41,9 +41,7 @@ class XLAEnvironment(_LightningXLAEnvironment):
     @override
     def detect() -> bool:
         """Whether torch_xla is installed and its PJRT device is usable."""
-        from xla_plugins.roles.accelerator import XLAAccelerator
-
-        return XLAAccelerator.is_available()
+        return _probes.devices_usable()
 
     def world(self) -> World:
         """This replica's :class:`~xla_plugins.runtime._world.World` (one replica per device).

@@ -176,6 +176,17 @@ def device_count() -> int:
     return runtime_figures().addressable_device_count
 
 
+def devices_usable() -> bool:
+    """Whether torch_xla is installed and its active PJRT device has at least one device (never raises).
+
+    The answer of ``XLAAccelerator.is_available()`` and ``XLAEnvironment.detect()``.
+    """
+    try:
+        return device_count() > 0
+    except (ModuleNotFoundError, RuntimeError):
+        return False
+
+
 def _runtime_configuration() -> tuple[tuple[str, str], ...]:
     keys = ("PJRT_", "TPU_", "XLA_USE_SPMD", "CUDA_VISIBLE_DEVICES")
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(keys) or k.endswith("_NUM_DEVICES")))
