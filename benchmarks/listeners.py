@@ -16,7 +16,10 @@ in throughput.Meter): the listeners run in that thread, while PJRT CPU computes 
 own threads, so the difference between ``on`` and ``off`` is their Python work, and a loaded
 machine (other processes taking the cores) stretches it far less than it stretches wall time. It
 is reported as the difference within each round (ms a step) and as the ratio off / on of the
-loop thread's CPU time (below 1.0: the listeners cost).
+loop thread's CPU time (below 1.0: the listeners cost). The CPU time of all the process's threads
+(``time.process_time``: the loop's and PJRT CPU's computation of the steps) and the device-to-host
+transfers a step (torch_xla's ``TransferFromDeviceTime`` count) say whether the listeners changed
+the device's work.
 
 ``--profile``: one untimed run under cProfile during its second epoch; prints the calls per step
 by package (``trainer_plugins``, ``xla_plugins``, all), the reads of torch_xla's metrics per step
@@ -185,6 +188,8 @@ def one_run(
         "listeners": listeners,
         "steps_per_s": summary["steps_per_s"],
         "cpu_ms_per_step": summary["loop_thread_cpu_ms_per_step"],
+        "process_cpu_ms_per_step": summary["process_cpu_ms_per_step"],
+        "transfers_per_step": summary["transfers_per_step"],
     }
     if profiled:
         figures |= per_step(profile, counted[0])
@@ -237,6 +242,7 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
     below, trainer = sum(r < 1 for r in ratios), "quiet loop" if quiet else "defaults"
     cpu_added = within_round(results["on"], results["off"], lambda on, off: on - off, "cpu_ms_per_step")
     cpu_ratios = within_round(results["on"], results["off"], lambda on, off: off / on, "cpu_ms_per_step")
+    all_added = within_round(results["on"], results["off"], lambda on, off: on - off, "process_cpu_ms_per_step")
     lines = [
         f"GPT byte LM ({n_layer} layers) on single_xla, PJRT CPU, the Trainer's {trainer};"
         f" {steps} steps an epoch, steady state = epochs 2-{epochs};"
@@ -261,6 +267,14 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
         f"loop thread's CPU, on - off within each round: {spread(cpu_added, 3, ' ms')} a step;"
         f" off / on: {spread(cpu_ratios, 4, 'x')}; rounds where on took more: {sum(d > 0 for d in cpu_added)}"
         f" of {len(cpu_added)}",
+        f"all threads' CPU (the loop's and PJRT CPU's computation), on - off within each round:"
+        f" {spread(all_added, 3, ' ms')} a step; rounds where on took more: {sum(d > 0 for d in all_added)}"
+        f" of {len(all_added)}",
+        *(
+            f"device-to-host transfers a step, {label}:"
+            f" {sorted({f['transfers_per_step'] for f in runs if 'error' not in f})}"
+            for label, runs in results.items()
+        ),
     ]
     replays = {label: [one(label, "--replay") for _ in range(3)] for label in SETTINGS}
     for label, runs in replays.items():
@@ -273,7 +287,8 @@ def report(rounds: int, epochs: int, steps: int, n_layer: int, quiet: bool, proc
     for label in SETTINGS:
         profiled = one(label, "--profile")
         profiled.pop("steps_per_s", None)
-        profiled.pop("cpu_ms_per_step", None)
+        for figure in ("cpu_ms_per_step", "process_cpu_ms_per_step", "transfers_per_step"):
+            profiled.pop(figure, None)
         lines.append(f"profiled, {label}: {json.dumps(profiled)}")
     return lines
 

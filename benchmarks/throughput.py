@@ -95,7 +95,7 @@ class Meter:
 
     def counts(self) -> dict[str, float]:
         if not self.xla:
-            return {"time": time.perf_counter(), "cpu": time.thread_time()}
+            return {"time": time.perf_counter(), "cpu": time.thread_time(), "process_cpu": time.process_time()}
         import torch_xla.debug.metrics as met
 
         def count(name: str) -> float:
@@ -109,6 +109,8 @@ class Meter:
             # CPU seconds of the thread that runs the loop (PJRT CPU computes in its own threads): its
             # Python and tracing work, which a busy machine slows far less than it slows wall time
             "cpu": time.thread_time(),
+            # CPU seconds of every thread of the process: the loop's and PJRT CPU's computation of the steps
+            "process_cpu": time.process_time(),
         }
 
     def start_epoch(self) -> None:
@@ -126,6 +128,7 @@ class Meter:
         return {
             "steps_per_s": steps / sum(epoch["time"] for epoch in steady),
             "loop_thread_cpu_ms_per_step": 1000 * sum(epoch["cpu"] for epoch in steady) / steps,
+            "process_cpu_ms_per_step": 1000 * sum(epoch["process_cpu"] for epoch in steady) / steps,
             "compiles_per_epoch": [int(epoch["compiles"]) for epoch in self.epochs] if self.xla else None,
             "compiles": compiled[0] if compiled else None,
             "compile_s": compiled[1] if compiled else None,

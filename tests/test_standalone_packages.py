@@ -78,10 +78,10 @@ TWIN = "trainer_plugins._standalone.xla_plugins."
 @pytest.mark.subprocess  # a fresh interpreter: not in the cells that change one version (tox.ini)
 def test_pytorch_lightning_trainer_tpu_fits_on_pjrt_cpu_with_the_xla_plugin(report):
     assert report["pl"]["roles"] == {
-        "accelerator": TWIN + "accelerator.XLAAccelerator",
+        "accelerator": TWIN + "roles.accelerator.XLAAccelerator",
         "strategy": TWIN + "strategies.single_xla.SingleDeviceXLAStrategy",
-        "precision": TWIN + "precision.XLAPrecision",
-        "environment": TWIN + "environment.XLAEnvironment",
+        "precision": TWIN + "roles.precision.XLAPrecision",
+        "environment": TWIN + "roles.environment.XLAEnvironment",
     }
     assert report["pl"]["steps"] == 2
 
@@ -107,7 +107,7 @@ def test_a_pytorch_lightning_checkpoint_carries_the_plugin_record(report):
 def test_lightning_fabric_fabric_gets_the_xla_plugin(report):
     assert report["fabric"] == {
         "strategy": True,
-        "accelerator": TWIN + "accelerator",
+        "accelerator": TWIN + "roles.accelerator",
         "device": "xla:0",
     }
 
