@@ -50,3 +50,24 @@ def choice_from_environment(variable: str, choices: tuple[str, ...], default: st
     if value not in choices:
         raise ValueError(f"{variable}={text!r} is not valid: give one of {', '.join(choices)}.")
     return value
+
+
+def process_count_from_environment(variable: str, default: int) -> int:
+    """A count of processes (an integer >= 1) from environment variable ``variable``; ``default`` when unset.
+
+    For the counts a launcher gives each process it starts (torchrun's ``LOCAL_WORLD_SIZE``, srun's
+    ``SLURM_NTASKS_PER_NODE``). A variable set to a blank is not a count.
+
+    Args:
+        variable: name of the environment variable.
+        default: the count returned when the variable is unset.
+
+    Raises:
+        ValueError: the value is not an integer >= 1; the message names the variable and its value.
+    """
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{variable}={text!r} is not a process count: valid are integers >= 1.")
+    return int(text)

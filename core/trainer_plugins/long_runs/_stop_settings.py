@@ -106,12 +106,7 @@ def resume_mode() -> str:
     Raises:
         ValueError: any other value; the message names it and the choices.
     """
-    variable = setting(RESUME_VARIABLE)
-    text = os.environ.get(variable, "")
-    mode = text.strip().lower() or "off"
-    if mode not in RESUME_CHOICES:
-        raise ValueError(f"{variable}={text!r} is not valid: give one of {', '.join(RESUME_CHOICES)}.")
-    return mode
+    return _variables.choice_from_environment(setting(RESUME_VARIABLE), RESUME_CHOICES, "off")
 
 
 def resume_hint() -> str:

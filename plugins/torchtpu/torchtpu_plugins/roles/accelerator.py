@@ -20,6 +20,7 @@ from lightning.pytorch.accelerators.accelerator import Accelerator
 from typing_extensions import override
 
 from torchtpu_plugins.runtime import _probes
+from trainer_plugins import _variables
 
 #: The variable through which torchrun and Ray Train give each worker the number of workers on its host.
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
@@ -43,18 +44,16 @@ def launcher_local_world_size() -> Optional[tuple[int, str]]:
         name = SLURM_NTASKS_PER_NODE
     if name is None:
         return None
-    value = os.environ[name]
-    if not value.strip().isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r} is not a process count: valid are integers >= 1")
-    return int(value), name
+    return _variables.process_count_from_environment(name, 1), name
 
 
 def _devices_here() -> tuple[int, str]:
     """(the devices of this host, where that number comes from), see the module's docstring; 0 without a device."""
     launched = launcher_local_world_size()
-    if launched is not None and _probes.device_count() > 0:
+    count = _probes.device_count()
+    if launched is not None and count > 0:
         return launched[0], f"the processes the launcher started on this host, {launched[1]}={launched[0]}"
-    return _probes.device_count(), "the 'tpu' devices torch.accelerator reports"
+    return count, "the 'tpu' devices torch.accelerator reports"
 
 
 class TorchTPUAccelerator(Accelerator):

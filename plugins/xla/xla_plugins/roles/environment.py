@@ -8,7 +8,6 @@ Under torchrun (Lightning's ``TorchElasticEnvironment.detect()``) the launcher o
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -16,6 +15,7 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, TorchElast
 from lightning.fabric.plugins.environments.xla import XLAEnvironment as _LightningXLAEnvironment
 from typing_extensions import override
 
+from trainer_plugins import _variables
 from xla_plugins.runtime import _probes
 from xla_plugins.runtime._world import RuntimeFigures, World, one_replica_per_device
 
@@ -134,10 +134,7 @@ def launcher_local_world_size() -> Optional[int]:
     """
     if not started_by_torchrun():
         return None
-    value = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if not value.strip().isdigit() or int(value) < 1:
-        raise ValueError(f"LOCAL_WORLD_SIZE={value!r} is not a process count: valid are integers >= 1.")
-    return int(value)
+    return _variables.process_count_from_environment("LOCAL_WORLD_SIZE", 1)
 
 
 def check_one_process_per_host() -> None:
